@@ -1,0 +1,16 @@
+"""Files shipped inside the package: the embedded default target/draft pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent
+DEFAULT_PAIR_DIR = ASSETS_DIR / "default_pair"
+
+
+def default_pair() -> tuple[Path, Path] | None:
+    """Return ``(target_dir, draft_dir)`` of the embedded default pair, or None if it is not shipped."""
+    target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
+    if (target / "config.json").is_file() and (draft / "config.json").is_file():
+        return target, draft
+    return None

@@ -1,0 +1,14 @@
+"""Drafting methods, registered by name. Importing this package registers the built-in ones."""
+
+from specdec.drafters import draft_model, ngram  # noqa: F401  (registration)
+from specdec.drafters.base import (
+    DRAFTERS,
+    Draft,
+    Drafter,
+    LoadOptions,
+    SpeculativeConfig,
+    create_drafter,
+    register_drafter,
+)
+
+__all__ = ["DRAFTERS", "Draft", "Drafter", "LoadOptions", "SpeculativeConfig", "create_drafter", "register_drafter"]

@@ -1,0 +1,124 @@
+"""Load a causal LM (local folder, hub id or model object) into a :class:`CachedLM` backend."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from specdec.errors import SpecDecError
+from specdec.models.base import CachedLM
+from specdec.models.fast_llama import FastLlamaLM, unsupported_reason
+from specdec.models.hf import HFCachedLM
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+BACKENDS = ("auto", "fast", "hf")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+ModelSource = str | Path | PreTrainedModel
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; anything else must name a usable device."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise SpecDecError(f"unknown device {device!r}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise SpecDecError(f"device {device!r} was requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> torch.dtype:
+    """``"auto"``: the checkpoint's dtype on an accelerator, float32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(stored, str):
+            stored = DTYPES.get(stored)
+        return stored if isinstance(stored, torch.dtype) else torch.float32
+    if dtype not in DTYPES:
+        raise SpecDecError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _check_source(source: str | Path) -> str:
+    """Return the path or id to load, after the checks that give a clear message."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecDecError(f"model folder {str(source)!r} has no config.json")
+        return str(path)
+    text = str(source)
+    if path.exists():
+        raise SpecDecError(f"model path {text!r} is a file; pass the model's folder")
+    if not _HUB_ID.match(text) or text.startswith((".", "~")):
+        raise SpecDecError(f"model folder {text!r} does not exist")
+    return text
+
+
+def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.device) -> tuple[PreTrainedModel, str]:
+    """Load (or take) a ``PreTrainedModel`` in ``dtype`` on ``device``; returns it and its name."""
+    if isinstance(source, PreTrainedModel):
+        name = getattr(source.config, "_name_or_path", "") or type(source).__name__
+        model = source.to(device=device, dtype=resolve_dtype(dtype, source.config, device))
+        return model.eval(), name
+    name = _check_source(source)
+    try:
+        config = AutoConfig.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device))
+    except SpecDecError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(f"could not load model {name!r}: {first_line}") from exc
+    return model.to(device).eval(), name
+
+
+def load_cached_lm(
+    source: ModelSource, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
+    backend: str = "auto",
+) -> CachedLM:
+    """Load a model and wrap it in a backend.
+
+    ``backend``: ``"fast"`` (static-cache Llama/Qwen2 forward; an error for other
+    architectures), ``"hf"`` (transformers' own forward with a cropped ``DynamicCache``), or
+    ``"auto"`` (fast where supported, else hf).
+    """
+    if backend not in BACKENDS:
+        raise SpecDecError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    model, name = load_hf_model(source, dtype, resolve_device(device))
+    reason = unsupported_reason(model.config)
+    if backend == "fast" and reason:
+        raise SpecDecError(f"the fast backend cannot run {name!r}: {reason}")
+    if backend == "fast" or (backend == "auto" and reason is None):
+        return FastLlamaLM(model, name)
+    return HFCachedLM(model, name)
+
+
+def load_tokenizer(source: ModelSource, required: bool):
+    """The tokenizer in ``source`` (a folder or id), or None when absent and not ``required``."""
+    if isinstance(source, PreTrainedModel):
+        source = getattr(source.config, "_name_or_path", "")
+        if not source or not Path(source).is_dir():
+            if required:
+                raise SpecDecError("a tokenizer is needed but the model object has no folder to load one from")
+            return None
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if required:
+            raise SpecDecError(f"could not load a tokenizer from {str(source)!r}: {exc}") from exc
+        return None

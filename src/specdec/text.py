@@ -1,0 +1,65 @@
+"""Text on top of token ids: incremental detokenization, stop strings and streaming deltas."""
+
+from __future__ import annotations
+
+
+class TextTracker:
+    """Follows one request's output tokens and turns them into text.
+
+    ``add(token_ids)`` returns how many of the tokens to keep: fewer than given when a stop
+    string completes inside them (the text is then cut before the stop string). ``delta()``
+    returns the text that is safe to stream: never a part of a possible stop string, nor an
+    incomplete UTF-8 sequence.
+
+    Without stop strings and without streaming, text is decoded once, by ``finish``.
+    """
+
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = stop_strings
+        self.streaming = streaming
+        self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.stopped = False
+        self._streamed = 0
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+
+    def add(self, token_ids: list[int]) -> int:
+        if self.tokenizer is None:
+            self.token_ids.extend(token_ids)
+            return len(token_ids)
+        if not self.stop_strings:
+            self.token_ids.extend(token_ids)
+            if self.streaming:
+                self.text = self._decode()
+            return len(token_ids)
+        for kept, token in enumerate(token_ids, start=1):
+            searched_from = max(0, len(self.text) - self.hold_back)
+            self.token_ids.append(token)
+            self.text = self._decode()
+            cut = min((i for s in self.stop_strings if (i := self.text.find(s, searched_from)) >= 0), default=-1)
+            if cut >= 0:
+                self.text = self.text[:cut]
+                self.stopped = True
+                return kept
+        return len(token_ids)
+
+    def finish(self) -> str:
+        """The final text (decoded now if nothing required it earlier)."""
+        if self.tokenizer is not None and not self.streaming and not self.stop_strings:
+            self.text = self._decode()
+        return self.text
+
+    def delta(self, final: bool) -> str:
+        """Text not streamed yet; unless ``final``, holds back what a stop string or UTF-8 may change."""
+        end = len(self.text)
+        if not final:
+            end = max(self._streamed, end - (self.hold_back if self.stop_strings else 0))
+            while end > self._streamed and self.text[end - 1] == "\ufffd":
+                end -= 1
+        piece = self.text[self._streamed : end]
+        self._streamed = end
+        return piece
