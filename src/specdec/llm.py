@@ -137,7 +137,9 @@ class LLM:
                 raise SpecDecError("prompt_token_ids must be a list of integers")
             bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
             if bad:
-                raise SpecDecError(f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})")
+                raise SpecDecError(
+                    f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})"
+                )
             ids = list(ids)
         else:
             raise SpecDecError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")

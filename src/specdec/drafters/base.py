@@ -94,8 +94,8 @@ class Drafter(ABC):
     #: True when drafts are not sampled (``Draft.probs`` is None): verified with a one-hot ``q``.
     deterministic: ClassVar[bool]
 
-    @classmethod
-    def check_config(cls, config: SpeculativeConfig) -> None:  # noqa: B027 - optional hook
+    @classmethod  # noqa: B027 - an optional hook, not abstract
+    def check_config(cls, config: SpeculativeConfig) -> None:
         """Raise SpecDecError when ``config`` lacks what this method needs."""
 
     @classmethod

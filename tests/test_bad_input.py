@@ -1,0 +1,178 @@
+"""Every bad input is a clear SpecDecError (a ValueError) in the API and exit code 2 on the CLI."""
+
+import pytest
+from helpers import build_model
+
+from specdec import LLM, SamplingParams, SpecDecError
+from specdec.cli import main
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"min_p": -0.1}, r"min_p must be in \[0, 1\]"),
+        ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+        ({"top_k": -3}, "top_k must be an integer >= -1"),
+        ({"stop": [""]}, "stop must be a non-empty string"),
+    ],
+)
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(SpecDecError, match=message):
+        SamplingParams(**kwargs)
+    assert issubclass(SpecDecError, ValueError)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dirs):
+    return LLM(model_dirs["llama"]["target"], dtype="float64")
+
+
+def test_empty_prompt(llm):
+    with pytest.raises(SpecDecError, match="empty prompt"):
+        llm.generate({"prompt_token_ids": []})
+
+
+def test_text_prompt_without_tokenizer(llm):
+    with pytest.raises(SpecDecError, match="has no tokenizer"):
+        llm.generate("hello")
+
+
+def test_out_of_vocabulary_prompt(llm):
+    with pytest.raises(SpecDecError, match="outside the vocabulary"):
+        llm.generate({"prompt_token_ids": [1, 10_000]})
+
+
+def test_prompt_longer_than_context(llm):
+    with pytest.raises(SpecDecError, match="too long"):
+        llm.generate({"prompt_token_ids": [1] * 500})
+
+
+def test_sampling_params_count_mismatch(llm):
+    with pytest.raises(SpecDecError, match="got 2 sampling_params for 1 prompts"):
+        llm.generate([{"prompt_token_ids": [1, 2]}], [SamplingParams(), SamplingParams()])
+
+
+@pytest.mark.parametrize("k", [0, 65, -1])
+def test_num_speculative_tokens_out_of_range(model_dirs, k):
+    with pytest.raises(SpecDecError, match="num_speculative_tokens must be an integer in 1..64"):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "ngram", "num_speculative_tokens": k})
+
+
+def test_unknown_method(model_dirs):
+    with pytest.raises(SpecDecError, match="unknown speculative method 'medusa-ish'"):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "medusa-ish"})
+
+
+def test_unknown_config_key(model_dirs):
+    with pytest.raises(SpecDecError, match="unknown speculative_config keys"):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "ngram", "lookahead": 3})
+
+
+def test_draft_model_without_model(model_dirs):
+    with pytest.raises(SpecDecError, match="needs a draft 'model'"):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "draft_model"})
+
+
+def test_bad_ngram_bounds(model_dirs):
+    with pytest.raises(SpecDecError, match="prompt_lookup_min <= prompt_lookup_max"):
+        LLM(model_dirs["llama"]["target"],
+            speculative_config={"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+
+
+def test_draft_with_different_vocabulary(model_dirs, tmp_path):
+    build_model("llama", seed=5, vocab=80).save_pretrained(tmp_path / "draft")
+    spec = {"method": "draft_model", "model": str(tmp_path / "draft")}
+    with pytest.raises(SpecDecError, match="must share a vocabulary"):
+        LLM(model_dirs["llama"]["target"], speculative_config=spec)
+
+
+def test_draft_with_different_tokenizer(text_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM, GPT2TokenizerFast
+
+    draft = AutoModelForCausalLM.from_pretrained(text_model_dirs["draft"])
+    draft.save_pretrained(tmp_path / "draft")
+    tok = GPT2TokenizerFast.from_pretrained(text_model_dirs["draft"])
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(tmp_path / "draft")
+    spec = {"method": "draft_model", "model": str(tmp_path / "draft")}
+    with pytest.raises(SpecDecError, match="different tokenizer vocabulary"):
+        LLM(text_model_dirs["target"], speculative_config=spec)
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(SpecDecError, match="does not exist"):
+        LLM(tmp_path / "no-such-model")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(SpecDecError, match="has no config.json"):
+        LLM(tmp_path)
+
+
+def test_cache_that_cannot_roll_back(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "sliding")
+    with pytest.raises(SpecDecError, match="cannot be rolled back"):
+        LLM(tmp_path / "sliding")
+    with pytest.raises(SpecDecError, match="fast backend cannot run"):
+        LLM(tmp_path / "sliding", backend="fast")
+
+
+def test_unknown_dtype_device_backend(model_dirs):
+    target = model_dirs["llama"]["target"]
+    with pytest.raises(SpecDecError, match="unknown dtype"):
+        LLM(target, dtype="float8")
+    with pytest.raises(SpecDecError, match="unknown backend"):
+        LLM(target, backend="turbo")
+    with pytest.raises(SpecDecError, match="unknown device"):
+        LLM(target, device="toaster")
+
+
+CLI_CASES = [
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in"),
+    (["--min-p", "2"], "min_p must be in"),
+    (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
+    (["--speculative-method", "ngram", "--num-speculative-tokens", "0"], "num_speculative_tokens must be"),
+    (["--speculative-method", "ngram", "--num-speculative-tokens", "65"], "num_speculative_tokens must be"),
+    (["--speculative-method", "draft_model"], "needs --speculative-model"),
+]
+
+
+@pytest.mark.parametrize("flags,message", CLI_CASES)
+def test_cli_bad_flags_exit_2_with_one_line(model_dirs, capsys, flags, message):
+    prompt_file = model_dirs["llama"]["target"].parent / "prompt.jsonl"
+    prompt_file.write_text('{"prompt_token_ids": [1, 2, 3]}\n')
+    code = main(["generate", "--prompts-file", str(prompt_file), "--model", str(model_dirs["llama"]["target"]),
+                 *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_missing_model_and_empty_prompt(model_dirs, capsys, tmp_path):
+    assert main(["generate", "hi", "--model", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"prompt_token_ids": []}\n')
+    assert main(["generate", "--prompts-file", str(empty), "--model", str(model_dirs["llama"]["target"])]) == 2
+    assert "empty prompt" in capsys.readouterr().err
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text("{nope\n")
+    assert main(["generate", "--prompts-file", str(bad_json), "--model", str(model_dirs["llama"]["target"])]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_unknown_method_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "x", "--speculative-method", "magic"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

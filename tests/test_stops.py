@@ -1,0 +1,99 @@
+"""Stop tokens, EOS, stop strings and max_tokens end generation exactly, also inside an accepted run."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec import LLM, SamplingParams
+
+PROMPT = [3, 5, 7, 3, 5, 7, 11, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dirs):
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["llama"]["target"], dtype=torch.float64)
+    out = model.generate(torch.tensor([PROMPT]), max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(PROMPT):].tolist()
+
+
+def first_new_token_after(tokens, start):
+    """An index >= start whose token does not occur earlier (so it is the first stop)."""
+    for index in range(start, len(tokens)):
+        if tokens[index] not in tokens[:index]:
+            return index
+    raise AssertionError("reference has no fresh token")
+
+
+@pytest.fixture(scope="module")
+def spec_llm(model_dirs):
+    dirs = model_dirs["llama"]
+    spec = {"method": "draft_model", "model": str(dirs["same"]), "num_speculative_tokens": 8}
+    return LLM(dirs["target"], speculative_config=spec, dtype="float64")
+
+
+def test_stop_token_inside_accepted_run(spec_llm, reference):
+    stop_at = first_new_token_after(reference, 3)
+    params = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[reference[stop_at]])
+    out = spec_llm.generate({"prompt_token_ids": PROMPT}, params)[0]
+    assert out.outputs[0].token_ids == reference[: stop_at + 1]
+    assert out.outputs[0].finish_reason == "stop"
+    # The stop fell inside a run of 9 tokens (8 accepted + bonus): nothing past it was emitted.
+    assert out.metrics.num_steps == 1 + stop_at // 9
+
+
+def test_eos_from_config_inside_accepted_run(model_dirs, reference, tmp_path):
+    stop_at = first_new_token_after(reference, 4)
+    target_dir = tmp_path / "target"
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["llama"]["target"], dtype=torch.float64)
+    model.config.eos_token_id = reference[stop_at]
+    model.generation_config.eos_token_id = reference[stop_at]
+    model.save_pretrained(target_dir)
+    spec = {"method": "draft_model", "model": str(model_dirs["llama"]["same"]), "num_speculative_tokens": 8}
+    llm = LLM(target_dir, speculative_config=spec, dtype="float64")
+    out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=30))[0]
+    assert out.outputs[0].token_ids == reference[: stop_at + 1]
+    assert out.outputs[0].finish_reason == "stop"
+    ignored = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    assert ignored[0].outputs[0].token_ids == reference
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 13])
+def test_max_tokens_mid_run(spec_llm, reference, max_tokens):
+    out = spec_llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=max_tokens))[0]
+    assert out.outputs[0].token_ids == reference[:max_tokens]
+    assert out.outputs[0].finish_reason == "length"
+    assert out.metrics.num_generated_tokens == max_tokens
+
+
+def test_context_window_ends_generation(spec_llm, model_dirs):
+    config = json.loads((model_dirs["llama"]["target"] / "config.json").read_text())
+    window = config["max_position_embeddings"]
+    prompt = [1 + i % 50 for i in range(window - 4)]
+    out = spec_llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=100))[0]
+    assert len(out.outputs[0].token_ids) == 4
+    assert out.outputs[0].finish_reason == "length"
+
+
+def test_stop_string_cuts_text_and_tokens(text_model_dirs):
+    spec = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 8}
+    llm = LLM(text_model_dirs["target"], speculative_config=spec, dtype="float64")
+    prompt = "def f(x):\n"
+    reference = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    ref_text = reference.outputs[0].text
+    assert len(ref_text) > 12
+    stop = ref_text[8:11]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    out = llm.generate(prompt, params)[0]
+    cut = ref_text.index(stop)
+    assert out.outputs[0].text == ref_text[:cut]
+    assert out.outputs[0].finish_reason == "stop"
+    ids = out.outputs[0].token_ids
+    assert ids == reference.outputs[0].token_ids[: len(ids)]
+    assert stop in llm.tokenizer.decode(ids) and stop not in llm.tokenizer.decode(ids[:-1])
+
+    streamed = list(llm.stream(prompt, params))
+    assert "".join(piece.text for piece in streamed) == ref_text[:cut]
+    assert [t for piece in streamed for t in piece.token_ids] == ids
+    assert streamed[-1].finished and streamed[-1].finish_reason == "stop"
