@@ -96,7 +96,10 @@ class FastLlamaLM(CachedLM):
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, device=self.device, dtype=self.dtype)
             cos, sin = base.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0], sin[0]
+        # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]: one roll instead of slices and a cat.
+        half = self.head_dim // 2
+        self.cos = cos[0]
+        self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         self._capacity = 0
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
@@ -132,15 +135,10 @@ class FastLlamaLM(CachedLM):
         self._keys, self._values, self._capacity = keys, values, capacity
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as LlamaRMSNorm: statistics in float32, then back to the model dtype.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        # LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
+        return weight * F.rms_norm(x.float(), weight.shape, None, self.eps).to(x.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
@@ -149,7 +147,7 @@ class FastLlamaLM(CachedLM):
         if end > self.max_length:
             raise ValueError(f"{self.name}: {end} tokens exceed the context window of {self.max_length}")
         self._reserve(end)
-        cos, sin = self.cos[start:end], self.sin[start:end]
+        cos, sin = self.cos[start:end], self.sin_signed[start:end]
         if steps == 1:
             mask = None
         else:
@@ -160,8 +158,9 @@ class FastLlamaLM(CachedLM):
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
             qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
-            q, k, v = qkv.view(1, steps, nh + 2 * nkv, hd).transpose(1, 2).split((nh, nkv, nkv), dim=1)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            qk, v = qkv.view(1, steps, nh + 2 * nkv, hd).transpose(1, 2).split((nh + nkv, nkv), dim=1)
+            qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin
+            q, k = qk.split((nh, nkv), dim=1)
             keys, values = self._keys[i], self._values[i]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
