@@ -1,22 +1,37 @@
-"""specdec: lossless speculative decoding for Hugging Face causal language models."""
+"""specdec: lossless speculative decoding for Hugging Face causal language models.
 
-from specdec.drafters import Drafter, SpeculativeConfig, register_drafter
-from specdec.errors import SpecDecError
-from specdec.llm import LLM, CompletionOutput, RequestOutput, StreamOutput
-from specdec.metrics import RequestMetrics
-from specdec.sampling import SamplingParams
+The public names are imported lazily, so that ``import specdec`` (and ``specdec --help``)
+does not pay for importing torch and transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LLM",
-    "CompletionOutput",
-    "Drafter",
-    "RequestMetrics",
-    "RequestOutput",
-    "SamplingParams",
-    "SpecDecError",
-    "SpeculativeConfig",
-    "StreamOutput",
-    "register_drafter",
-]
+_EXPORTS = {
+    "LLM": "specdec.llm",
+    "CompletionOutput": "specdec.llm",
+    "RequestOutput": "specdec.llm",
+    "StreamOutput": "specdec.llm",
+    "Drafter": "specdec.drafters",
+    "SpeculativeConfig": "specdec.drafters",
+    "register_drafter": "specdec.drafters",
+    "RequestMetrics": "specdec.metrics",
+    "SamplingParams": "specdec.sampling",
+    "SpecDecError": "specdec.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -88,9 +88,8 @@ class LLM:
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
         drafter = None
         if speculative_config is not None:
-            options = LoadOptions(dtype=dtype, device=self.device, backend=backend)
+            options = LoadOptions(dtype=dtype, device=self.device, backend=backend, target_tokenizer=self.tokenizer)
             drafter = create_drafter(speculative_config, self.target, options)
-            self._check_draft_tokenizer(speculative_config)
         k = speculative_config.num_speculative_tokens if speculative_config else 0
         self.engine = SpeculativeEngine(self.target, drafter, k, self._eos_token_ids())
         self._seeds = random.Random(seed)
@@ -99,16 +98,6 @@ class LLM:
     @property
     def model_name(self) -> str:
         return self.target.name
-
-    def _check_draft_tokenizer(self, config: SpeculativeConfig) -> None:
-        if config.model is None or self.tokenizer is None:
-            return
-        draft_tokenizer = load_tokenizer(config.model, required=False)
-        if draft_tokenizer is not None and draft_tokenizer.get_vocab() != self.tokenizer.get_vocab():
-            raise SpecDecError(
-                f"the draft model {config.model!r} uses a different tokenizer vocabulary from the target "
-                f"{self.model_name!r}; the draft and the target must share a vocabulary"
-            )
 
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()

@@ -16,6 +16,7 @@ import torch
 
 from specdec.errors import SpecDecError
 from specdec.models.base import CachedLM
+from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingParams
 
 MAX_SPECULATIVE_TOKENS = 64
@@ -26,13 +27,14 @@ class SpeculativeConfig:
     """vLLM-style ``speculative_config``: which drafter, and how many tokens per step.
 
     ``method``: a registered drafter name (``"draft_model"``, ``"ngram"``). ``model``: the
-    draft model's folder or hub id (draft_model). ``prompt_lookup_max``/``prompt_lookup_min``:
+    draft model's folder, hub id or a loaded ``PreTrainedModel`` (draft_model; several
+    ``LLM``s can share one loaded draft). ``prompt_lookup_max``/``prompt_lookup_min``:
     the longest and shortest n-gram matched against the context (ngram).
     """
 
     method: str
     num_speculative_tokens: int = 4
-    model: str | None = None
+    model: ModelSource | None = None
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
 
@@ -76,11 +78,13 @@ class Draft:
 
 @dataclass
 class LoadOptions:
-    """How a drafter loads any model of its own: the target's dtype, device and backend."""
+    """What a drafter needs to load a model of its own: the target's dtype, device, backend
+    and tokenizer (None when the target has none), so that it can check they agree."""
 
     dtype: str | torch.dtype
     device: torch.device
     backend: str
+    target_tokenizer: Any = None
 
 
 class Drafter(ABC):

@@ -7,7 +7,7 @@ import torch
 from specdec.drafters.base import Draft, Drafter, LoadOptions, SpeculativeConfig, register_drafter
 from specdec.errors import SpecDecError
 from specdec.models.base import CachedLM
-from specdec.models.loader import load_cached_lm
+from specdec.models.loader import load_cached_lm, load_tokenizer
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -31,7 +31,7 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
-        if not config.model:
+        if config.model is None or config.model == "":
             raise SpecDecError("speculative method 'draft_model' needs a draft 'model' (a folder or hub id)")
 
     @classmethod
@@ -42,6 +42,13 @@ class DraftModelDrafter(Drafter):
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "
                 f"{target.name!r} has {target.vocab_size}; the draft and the target must share a vocabulary"
             )
+        if options.target_tokenizer is not None:
+            draft_tokenizer = load_tokenizer(config.model, required=False)
+            if draft_tokenizer is not None and draft_tokenizer.get_vocab() != options.target_tokenizer.get_vocab():
+                raise SpecDecError(
+                    f"the draft model {model.name!r} uses a different tokenizer vocabulary from the target "
+                    f"{target.name!r}; the draft and the target must share a vocabulary"
+                )
         return cls(model)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
