@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
+from specdec.jsonl import read_jsonl
 
 METHODS = ("draft_model", "ngram", "none")
 
@@ -75,24 +76,14 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
         return [args.prompt]
     if args.prompt is not None:
         raise SpecDecError("give either a PROMPT or --prompts-file, not both")
-    if not args.prompts_file.is_file():
-        raise SpecDecError(f"prompts file {str(args.prompts_file)!r} does not exist")
     prompts = []
-    for number, line in enumerate(args.prompts_file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecDecError(f"{args.prompts_file}:{number}: not valid JSON ({exc.msg})") from exc
-        if isinstance(item, dict) and "prompt_token_ids" in item:
+    for number, item in read_jsonl(args.prompts_file, "prompts file"):
+        if "prompt_token_ids" in item:
             prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
-        elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
+        elif isinstance(item.get("prompt"), str):
             prompts.append(item["prompt"])
         else:
             raise SpecDecError(f"{args.prompts_file}:{number}: expected an object with 'prompt' or 'prompt_token_ids'")
-    if not prompts:
-        raise SpecDecError(f"prompts file {str(args.prompts_file)!r} has no prompts")
     return prompts
 
 

@@ -17,13 +17,13 @@ the conversation, then turn 2 is generated (see :class:`PromptBuilder`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
+from specdec.jsonl import read_jsonl
 
 WORKLOADS = ("code", "spec_bench", "jsonl")
 MT_BENCH_SUBCATEGORIES = frozenset(
@@ -61,23 +61,7 @@ def default_spec_bench_path() -> Path:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise SpecDecError(f"data file {str(path)!r} does not exist")
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecDecError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise SpecDecError(f"{path}:{number}: each line must be a JSON object")
-            rows.append(row)
-    if not rows:
-        raise SpecDecError(f"data file {str(path)!r} holds no questions")
-    return rows
+    return [row for _, row in read_jsonl(path, "data file")]
 
 
 def _turns(row: dict[str, Any], where: str) -> tuple[str, ...]:
