@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
+    p.add_argument("--speculative-dtype", default=None,
+                   help="draft model dtype (default: the target's; float32 for a bf16/fp16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     k = args.num_speculative_tokens
     spec = None
     if method == "draft_model":
-        spec = {"method": method, "model": draft, "num_speculative_tokens": k}
+        spec = {"method": method, "model": draft, "num_speculative_tokens": k, "dtype": args.speculative_dtype}
     elif method == "ngram":
         spec = {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": args.prompt_lookup_max,
                 "prompt_lookup_min": args.prompt_lookup_min}

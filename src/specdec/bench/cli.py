@@ -46,8 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models.add_argument(
         "--dtype",
         default="auto",
-        help="auto, float32, float64, float16 or bfloat16 (default "
-        "auto: the checkpoint's dtype on GPU, float32 on CPU); one dtype for every model",
+        help="target dtype: auto, float32, float64, float16 or bfloat16 (default "
+        "auto: the checkpoint's dtype on GPU, float32 on CPU)",
+    )
+    models.add_argument(
+        "--draft-dtype",
+        default=None,
+        help="draft dtype, for specdec and transformers' assistant alike (default: the target's; "
+        "float32 for a bf16/fp16 target on CPU)",
     )
     models.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     models.add_argument(
@@ -230,7 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
         f"{', '.join(s.label for s in specs)}",
         file=sys.stderr,
     )
-    runners = build_runners(specs, target, draft, args.dtype, args.device, args.backend, hi, lo)
+    runners = build_runners(specs, target, draft, args.dtype, args.device, args.backend, hi, lo, args.draft_dtype)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm
     settings.context_window = reference.target.max_length
     prompts = PromptBuilder(reference.tokenizer)

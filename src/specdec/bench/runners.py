@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.bench.harness import MethodSpec
+from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
@@ -78,10 +79,17 @@ class SpecDecRunner(Runner):
             "target_backend": type(self.llm.target).__name__,
             "speculative_config": None
             if config is None
-            else {
-                key: str(value) if isinstance(value, Path) else value for key, value in vars(config).items()
-            },
+            else {key: _describe_value(value) for key, value in vars(config).items()},
         }
+
+
+def _describe_value(value: Any) -> Any:
+    """A JSON-ready stand-in: a loaded model by its folder, a path or dtype as text."""
+    if isinstance(value, PreTrainedModel):
+        return getattr(value.config, "_name_or_path", "") or type(value).__name__
+    if isinstance(value, (Path, torch.dtype)):
+        return str(value)
+    return value
 
 
 class HFRunner(Runner):
@@ -150,11 +158,14 @@ def build_runners(
     backend: str = "auto",
     prompt_lookup_max: int = 3,
     prompt_lookup_min: int = 1,
+    draft_dtype: str | torch.dtype | None = None,
 ) -> list[Runner]:
-    """Load the target once (and the assistant once) and build a runner per spec.
+    """Load the target once (and the draft once) and build a runner per spec.
 
-    The dtype is resolved from the target (``"auto"``: the checkpoint's dtype on an accelerator,
-    float32 on CPU) and then used for every model. specdec's draft models load from ``draft``.
+    The target's dtype is resolved from ``dtype`` (``"auto"``: the checkpoint's dtype on an
+    accelerator, float32 on CPU) and used by every target; the draft's from ``draft_dtype`` by
+    :func:`~specdec.drafters.draft_model.resolve_draft_dtype`. specdec's draft_model runners and
+    transformers' assistant share the one loaded draft, so both run it in the same dtype.
     """
     if draft is None and any(spec.kind.needs_draft for spec in specs):
         needing = sorted({spec.method for spec in specs if spec.kind.needs_draft})
@@ -163,8 +174,8 @@ def build_runners(
     target_model, _ = load_hf_model(str(target), dtype, device)
     dtype = target_model.dtype
     assistant = None
-    if any(spec.kind.needs_draft and spec.kind.peer for spec in specs):
-        assistant, _ = load_hf_model(str(draft), dtype, device)
+    if any(spec.kind.needs_draft for spec in specs):
+        assistant, _ = load_hf_model(str(draft), resolve_draft_dtype(draft_dtype, dtype, device), device)
     loaded_settings = (
         {name: getattr(assistant.generation_config, name, None) for name in ASSISTANT_FIELDS}
         if assistant is not None
@@ -180,7 +191,7 @@ def build_runners(
         elif spec.method in ("draft_model", "ngram"):
             config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.k}
             if spec.method == "draft_model":
-                config["model"] = str(draft)
+                config["model"] = assistant
             else:
                 config.update(prompt_lookup_max=prompt_lookup_max, prompt_lookup_min=prompt_lookup_min)
             llm = LLM(target_model, str(target), config, dtype, device, backend=backend)

@@ -28,13 +28,15 @@ class SpeculativeConfig:
 
     ``method``: a registered drafter name (``"draft_model"``, ``"ngram"``). ``model``: the
     draft model's folder, hub id or a loaded ``PreTrainedModel`` (draft_model; several
-    ``LLM``s can share one loaded draft). ``prompt_lookup_max``/``prompt_lookup_min``:
-    the longest and shortest n-gram matched against the context (ngram).
+    ``LLM``s can share one loaded draft). ``dtype``: the draft model's dtype (None: see
+    :func:`specdec.drafters.draft_model.resolve_draft_dtype`). ``prompt_lookup_max``/
+    ``prompt_lookup_min``: the longest and shortest n-gram matched against the context (ngram).
     """
 
     method: str
     num_speculative_tokens: int = 4
     model: ModelSource | None = None
+    dtype: str | None = None
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
 

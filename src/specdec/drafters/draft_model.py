@@ -7,8 +7,22 @@ import torch
 from specdec.drafters.base import Draft, Drafter, LoadOptions, SpeculativeConfig, register_drafter
 from specdec.errors import SpecDecError
 from specdec.models.base import CachedLM
-from specdec.models.loader import load_cached_lm, load_tokenizer
+from specdec.models.loader import load_cached_lm, load_tokenizer, resolve_dtype
 from specdec.sampling import SamplingParams, logits_to_probs, sample
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch.dtype,
+                        device: torch.device) -> torch.dtype:
+    """The draft's dtype: ``requested`` when given, else the target's, except float32 for a
+    half-precision target on CPU (a small model's single-token forward is fastest in float32
+    there, while the target's (k+1)-token verification gains from bf16)."""
+    if requested is not None and requested != "auto":
+        return resolve_dtype(requested, None, device)
+    if device.type == "cpu" and target_dtype in HALF_DTYPES:
+        return torch.float32
+    return target_dtype
 
 
 @register_drafter
@@ -36,7 +50,8 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CachedLM, options: LoadOptions) -> DraftModelDrafter:
-        model = load_cached_lm(config.model, dtype=options.dtype, device=options.device, backend=options.backend)
+        dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
+        model = load_cached_lm(config.model, dtype=dtype, device=options.device, backend=options.backend)
         if model.vocab_size != target.vocab_size:
             raise SpecDecError(
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "

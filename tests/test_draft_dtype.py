@@ -1,0 +1,27 @@
+"""The draft model's dtype: explicit, inherited, or float32 under a half-precision target on CPU."""
+
+import torch
+
+from specdec import LLM
+from specdec.drafters.draft_model import resolve_draft_dtype
+
+CPU = torch.device("cpu")
+
+
+def test_resolve_draft_dtype_rules():
+    assert resolve_draft_dtype(None, torch.bfloat16, CPU) == torch.float32
+    assert resolve_draft_dtype(None, torch.float16, CPU) == torch.float32
+    assert resolve_draft_dtype(None, torch.float64, CPU) == torch.float64
+    assert resolve_draft_dtype("auto", torch.float32, CPU) == torch.float32
+    assert resolve_draft_dtype("bfloat16", torch.float32, CPU) == torch.bfloat16
+    assert resolve_draft_dtype(None, torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+
+
+def test_llm_runs_draft_in_its_own_dtype(model_dirs):
+    dirs = model_dirs["llama"]
+    spec = {"method": "draft_model", "model": str(dirs["same"]), "num_speculative_tokens": 2, "dtype": "float32"}
+    llm = LLM(dirs["target"], speculative_config=spec, dtype="float64")
+    assert llm.target.dtype == torch.float64
+    assert llm.engine.drafter.model.dtype == torch.float32
+    bf16 = LLM(dirs["target"], speculative_config={**spec, "dtype": None}, dtype="bfloat16")
+    assert bf16.target.dtype == torch.bfloat16 and bf16.engine.drafter.model.dtype == torch.float32
