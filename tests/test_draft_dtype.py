@@ -25,3 +25,17 @@ def test_llm_runs_draft_in_its_own_dtype(model_dirs):
     assert llm.engine.drafter.model.dtype == torch.float32
     bf16 = LLM(dirs["target"], speculative_config={**spec, "dtype": None}, dtype="bfloat16")
     assert bf16.target.dtype == torch.bfloat16 and bf16.engine.drafter.model.dtype == torch.float32
+
+
+def test_auto_dtype_on_cpu(monkeypatch):
+    from types import SimpleNamespace
+
+    import specdec.models.loader as loader
+
+    bf16_config, fp32_config = SimpleNamespace(dtype=torch.bfloat16), SimpleNamespace(dtype="float32")
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: True)
+    assert loader.resolve_dtype("auto", bf16_config, CPU) == torch.bfloat16
+    assert loader.resolve_dtype("auto", fp32_config, CPU) == torch.float32
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
+    assert loader.resolve_dtype("auto", bf16_config, CPU) == torch.float32
+    assert loader.resolve_dtype("auto", bf16_config, torch.device("cuda")) == torch.bfloat16

@@ -46,8 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models.add_argument(
         "--dtype",
         default="auto",
-        help="target dtype: auto, float32, float64, float16 or bfloat16 (default "
-        "auto: the checkpoint's dtype on GPU, float32 on CPU)",
+        help="target dtype: auto, float32, float64, float16 or bfloat16 (default auto: the "
+        "checkpoint's dtype on GPU; on CPU bf16 for a bf16 checkpoint where the CPU has bf16 "
+        "instructions, else float32)",
     )
     models.add_argument(
         "--draft-dtype",

@@ -162,8 +162,8 @@ def build_runners(
 ) -> list[Runner]:
     """Load the target once (and the draft once) and build a runner per spec.
 
-    The target's dtype is resolved from ``dtype`` (``"auto"``: the checkpoint's dtype on an
-    accelerator, float32 on CPU) and used by every target; the draft's from ``draft_dtype`` by
+    The target's dtype is resolved from ``dtype`` by :func:`~specdec.models.loader.resolve_dtype`
+    and used by every target runner; the draft's from ``draft_dtype`` by
     :func:`~specdec.drafters.draft_model.resolve_draft_dtype`. specdec's draft_model runners and
     transformers' assistant share the one loaded draft, so both run it in the same dtype.
     """

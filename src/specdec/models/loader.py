@@ -38,16 +38,23 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (avx512_bf16 / AMX), where bf16 forwards are fast."""
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe and probe())
+
+
 def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> torch.dtype:
-    """``"auto"``: the checkpoint's dtype on an accelerator, float32 on CPU."""
+    """``"auto"``: the checkpoint's dtype on an accelerator; on CPU, bfloat16 for a bfloat16
+    checkpoint when the CPU computes in bf16 natively, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type == "cpu":
-            return torch.float32
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         if isinstance(stored, str):
             stored = DTYPES.get(stored)
+        if device.type == "cpu":
+            return torch.bfloat16 if stored == torch.bfloat16 and cpu_has_native_bf16() else torch.float32
         return stored if isinstance(stored, torch.dtype) else torch.float32
     if dtype not in DTYPES:
         raise SpecDecError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
