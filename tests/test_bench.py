@@ -76,8 +76,8 @@ def test_expand_methods_runs_plain_first_and_speculative_methods_once_per_k():
 
 
 # ---------------------------------------------------------------- workloads
-@pytest.mark.skipif(not SPEC_BENCH.is_file(), reason="Spec-Bench question file not present next to the repo")
 def test_spec_bench_loader_reads_the_real_file():
+    assert SPEC_BENCH.is_file(), f"the Spec-Bench question file is expected at {SPEC_BENCH} (../shared beside the repo)"
     questions = load_spec_bench()
     assert len(questions) == 480
     categories = {q.category for q in questions}

@@ -1,0 +1,105 @@
+"""``specdec train lm``: pretrain a ``transformers.LlamaForCausalLM`` target on a code corpus.
+
+The model is transformers' own Llama class built from a size preset (see
+:mod:`specdec.train.presets`); the loss is next-token cross-entropy on fixed-length blocks of the
+corpus's train split, the held-out loss is measured on the held-out modules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec.errors import SpecDecError
+from specdec.train.corpus import TokenBlocks, split_files, token_stream
+from specdec.train.loop import TrainSettings, checkpoint_dir, pick_device, train
+from specdec.train.presets import ModelPreset, count_parameters, llama_config
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(path)``, with :class:`SpecDecError` for a missing or bad folder."""
+    from transformers import AutoTokenizer
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise SpecDecError(f"tokenizer folder {str(folder)!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise SpecDecError(f"cannot load a tokenizer from {str(folder)!r}: {exc}") from exc
+    if tokenizer.eos_token_id is None:
+        raise SpecDecError(f"tokenizer in {str(folder)!r} has no EOS token")
+    return tokenizer
+
+
+def causal_lm_loss(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``model`` on ``input_ids`` ``(batch, block)``; a scalar."""
+    return model(input_ids=input_ids, labels=input_ids).loss
+
+
+def corpus_blocks(
+    corpus_dirs: Sequence[str | os.PathLike[str]] | None,
+    tokenizer: PreTrainedTokenizerBase,
+    context: int,
+    seed: int,
+    cache_dir: str | os.PathLike[str] | None,
+) -> tuple[TokenBlocks, TokenBlocks]:
+    """Train and held-out token blocks of ``context`` tokens: ``(train, heldout)``."""
+    parts = split_files(corpus_dirs)
+    train_blocks = TokenBlocks(token_stream(parts["train"], tokenizer, cache_dir), context, seed)
+    heldout_blocks = TokenBlocks(token_stream(parts["heldout"], tokenizer, cache_dir), context, seed)
+    return train_blocks, heldout_blocks
+
+
+def train_lm(
+    tokenizer_dir: str | os.PathLike[str],
+    preset: ModelPreset,
+    settings: TrainSettings,
+    corpus_dirs: Sequence[str | os.PathLike[str]] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Pretrain a Llama target with the shape of ``preset`` and return the training summary.
+
+    With ``settings.resume`` the model config is the one saved in the checkpoint (the preset is
+    ignored) and training continues from the saved step.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings.validate()
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if settings.resume:
+        folder = checkpoint_dir(settings.out_dir)
+        if not (folder / "config.json").is_file():
+            raise SpecDecError(f"--resume: no checkpoint in {str(folder)!r}")
+        config = LlamaConfig.from_pretrained(folder)
+    else:
+        config = llama_config(preset, len(tokenizer), tokenizer.eos_token_id)
+    if config.vocab_size < len(tokenizer):
+        raise SpecDecError(
+            f"checkpoint vocab size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)}"
+        )
+    context = min(preset.context, config.max_position_embeddings)
+    train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
+    torch.manual_seed(settings.seed)
+    model = LlamaForCausalLM(config).to(pick_device())
+    print(
+        f"target: {count_parameters(config) / 1e6:.2f}M parameters, {len(train_blocks)} train blocks and "
+        f"{len(heldout_blocks)} held-out blocks of {context} tokens",
+        flush=True,
+    )
+    return train(
+        model,
+        tokenizer,
+        lambda i: train_blocks.batch(i, settings.batch_size),
+        heldout_blocks.first(settings.eval_blocks),
+        causal_lm_loss,
+        settings,
+        extra_summary={"role": "lm", "context": context},
+    )
