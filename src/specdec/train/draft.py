@@ -28,6 +28,7 @@ from specdec.train.loop import (
     BatchFn,
     TrainSettings,
     autocast_dtype,
+    checkpoint_config,
     checkpoint_dir,
     pick_device,
     train,
@@ -247,7 +248,7 @@ def train_draft(
     held-out code prompts (:func:`greedy_acceptance`).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     settings.validate()
     distill.validate()
@@ -268,10 +269,7 @@ def train_draft(
     target_params = sum(p.numel() for p in target.parameters())
     max_positions = target.config.max_position_embeddings
     if settings.resume:
-        folder = checkpoint_dir(settings.out_dir)
-        if not (folder / "config.json").is_file():
-            raise SpecDecError(f"--resume: no checkpoint in {str(folder)!r}")
-        config = LlamaConfig.from_pretrained(folder)
+        config = checkpoint_config(settings.out_dir)
     else:
         if preset.context > max_positions:
             raise SpecDecError(f"context {preset.context} exceeds the target's {max_positions} positions")

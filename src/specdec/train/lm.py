@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecDecError
 from specdec.train.corpus import TokenBlocks, split_files, token_stream
-from specdec.train.loop import TrainSettings, checkpoint_dir, pick_device, train
+from specdec.train.loop import TrainSettings, checkpoint_config, pick_device, train
 from specdec.train.presets import ModelPreset, count_parameters, llama_config
 
 if TYPE_CHECKING:
@@ -70,15 +70,12 @@ def train_lm(
     ignored) and training continues from the saved step.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     settings.validate()
     tokenizer = load_tokenizer(tokenizer_dir)
     if settings.resume:
-        folder = checkpoint_dir(settings.out_dir)
-        if not (folder / "config.json").is_file():
-            raise SpecDecError(f"--resume: no checkpoint in {str(folder)!r}")
-        config = LlamaConfig.from_pretrained(folder)
+        config = checkpoint_config(settings.out_dir)
     else:
         config = llama_config(preset, len(tokenizer), tokenizer.eos_token_id)
     if config.vocab_size < len(tokenizer):

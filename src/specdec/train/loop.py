@@ -179,6 +179,16 @@ def checkpoint_dir(out_dir: Path) -> Path:
     return Path(out_dir) / CHECKPOINT_DIR
 
 
+def checkpoint_config(out_dir: Path) -> Any:
+    """The ``LlamaConfig`` saved with the checkpoint that ``--resume`` continues from."""
+    from transformers import LlamaConfig
+
+    folder = checkpoint_dir(out_dir)
+    if not (folder / "config.json").is_file():
+        raise SpecDecError(f"--resume: no checkpoint in {str(folder)!r}")
+    return LlamaConfig.from_pretrained(folder)
+
+
 def _save_checkpoint(
     model: PreTrainedModel, optimizer: Any, schedule: Schedule, state: dict, out: Path
 ) -> None:
