@@ -153,27 +153,31 @@ def to_json(result: BenchResult) -> dict[str, Any]:
 
 def plot_speedup(result: BenchResult, path: Path) -> Path | None:
     """Grouped bars: speedup over plain decoding per category (and overall), one bar per method."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     rows = [r for r in result.summary if r.method != REFERENCE]
     if not rows:
         return None
     categories = list(dict.fromkeys(r.category for r in rows))
+    if len(categories) == 2 and OVERALL in categories:  # one category: "overall" would repeat it
+        categories.remove(OVERALL)
     labels = list(dict.fromkeys(r.label for r in rows))
     by_key = {(r.category, r.label): r.speedup for r in rows}
     width = 0.8 / len(labels)
-    figure = Figure(figsize=(max(6.0, 1.2 * len(categories) + 0.25 * len(labels)), 4.5))
+    palette = colormaps["tab20"]
+    figure = Figure(figsize=(max(6.0, 1.2 * len(categories) + 0.25 * len(labels)) + 2.5, 4.5))
     axes = figure.subplots()
     for i, label in enumerate(labels):
         xs = [c + (i - (len(labels) - 1) / 2) * width for c in range(len(categories))]
-        axes.bar(xs, [by_key.get((cat, label)) or 0.0 for cat in categories], width, label=label)
+        heights = [by_key.get((cat, label)) or 0.0 for cat in categories]
+        axes.bar(xs, heights, width, label=label, color=palette(i % palette.N))
     axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     axes.set_xticks(range(len(categories)), categories, rotation=20)
     axes.set_ylabel("speedup over specdec plain decoding")
     axes.set_title("Speedup per category")
-    axes.legend(fontsize="small", ncols=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
