@@ -88,7 +88,7 @@ class LLM:
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
         drafter = None
         if speculative_config is not None:
-            options = LoadOptions(dtype=dtype, device=self.device, backend=backend, target_tokenizer=self.tokenizer)
+            options = LoadOptions(device=self.device, backend=backend, target_tokenizer=self.tokenizer)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.num_speculative_tokens if speculative_config else 0
         self.engine = SpeculativeEngine(self.target, drafter, k, self._eos_token_ids())

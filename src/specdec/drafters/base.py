@@ -80,10 +80,10 @@ class Draft:
 
 @dataclass
 class LoadOptions:
-    """What a drafter needs to load a model of its own: the target's dtype, device, backend
-    and tokenizer (None when the target has none), so that it can check they agree."""
+    """What a drafter needs to load a model of its own: the target's device, backend and
+    tokenizer (None when the target has none, used to check that they agree). The target's
+    dtype is the loaded target's own, ``target.dtype``."""
 
-    dtype: str | torch.dtype
     device: torch.device
     backend: str
     target_tokenizer: Any = None
