@@ -52,13 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """(target, draft or None, method) from the flags and the embedded default pair."""
-    from specdec.assets import default_pair
+    from specdec.assets import require_default_pair
 
     model, draft, method = args.model, args.speculative_model, args.speculative_method
     if model is None:
-        pair = default_pair()
-        if pair is None:
-            raise SpecDecError("no --model given and the embedded default pair is not installed; pass --model PATH")
+        pair = require_default_pair()
         model = str(pair[0])
         if draft is None and method in (None, "draft_model"):
             draft = str(pair[1])

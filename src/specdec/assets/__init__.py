@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec.errors import SpecDecError
+
 ASSETS_DIR = Path(__file__).resolve().parent
 DEFAULT_PAIR_DIR = ASSETS_DIR / "default_pair"
 
@@ -14,3 +16,14 @@ def default_pair() -> tuple[Path, Path] | None:
     if (target / "config.json").is_file() and (draft / "config.json").is_file():
         return target, draft
     return None
+
+
+def require_default_pair() -> tuple[Path, Path]:
+    """:func:`default_pair`, or a :class:`SpecDecError` that says it is missing and what to pass instead."""
+    pair = default_pair()
+    if pair is None:
+        raise SpecDecError(
+            f"no --model given and the embedded default pair is missing from this install ({DEFAULT_PAIR_DIR}); "
+            "pass --model (and a draft model)"
+        )
+    return pair

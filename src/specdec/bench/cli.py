@@ -168,14 +168,9 @@ def _models(args: argparse.Namespace) -> tuple[str, str | None, bool]:
     """(target, draft or None, whether the embedded default pair is used)."""
     if args.model is not None:
         return args.model, args.draft_model, False
-    from specdec.assets import DEFAULT_PAIR_DIR, default_pair
+    from specdec.assets import require_default_pair
 
-    pair = default_pair()
-    if pair is None:
-        raise SpecDecError(
-            "no --model given and the embedded default pair is missing from this install "
-            f"({DEFAULT_PAIR_DIR}); pass --model (and --draft-model)"
-        )
+    pair = require_default_pair()
     return str(pair[0]), args.draft_model or str(pair[1]), True
 
 
