@@ -55,3 +55,15 @@ def truncated_copy(model, keep_layers: int):
     if hasattr(small.config, "layer_types") and small.config.layer_types:
         small.config.layer_types = small.config.layer_types[:keep_layers]
     return small
+
+
+def make_sequence(request_id: str, prompt: list[int], params, seed: int = 0, max_new_tokens: int | None = None,
+                  stop_ids: frozenset[int] = frozenset()):
+    """A :class:`~specdec.sequence.Sequence` to hand to ``llm.scheduler.add`` directly."""
+    from specdec.sequence import Sequence
+
+    return Sequence(
+        request_id=request_id, prompt_ids=list(prompt), params=params,
+        generator=torch.Generator().manual_seed(seed),
+        max_new_tokens=params.max_tokens if max_new_tokens is None else max_new_tokens, stop_ids=stop_ids,
+    )

@@ -1,5 +1,8 @@
 """Every bad input is a clear SpecDecError (a ValueError) in the API and exit code 2 on the CLI."""
 
+import json
+import re
+
 import pytest
 from helpers import build_model
 
@@ -54,6 +57,60 @@ def test_prompt_longer_than_context(llm):
 def test_sampling_params_count_mismatch(llm):
     with pytest.raises(SpecDecError, match="got 2 sampling_params for 1 prompts"):
         llm.generate([{"prompt_token_ids": [1, 2]}], [SamplingParams(), SamplingParams()])
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "4", None, True])
+def test_bad_max_num_seqs(model_dirs, value):
+    with pytest.raises(SpecDecError, match=re.escape(f"max_num_seqs must be an integer >= 1, got {value!r}")):
+        LLM(model_dirs["llama"]["target"], max_num_seqs=value)
+
+
+@pytest.mark.parametrize("value", [1, 0, 16.0, "32"])
+def test_bad_max_model_len(model_dirs, value):
+    with pytest.raises(SpecDecError, match="max_model_len must be an integer >= 2"):
+        LLM(model_dirs["llama"]["target"], max_model_len=value)
+
+
+def test_max_model_len_beyond_the_context_window(model_dirs):
+    window = json.loads((model_dirs["llama"]["target"] / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(SpecDecError, match=f"max_model_len {window + 1} is larger than the context window of "
+                                           f".*target.* \\({window} tokens\\)"):
+        LLM(model_dirs["llama"]["target"], max_model_len=window + 1)
+    assert LLM(model_dirs["llama"]["target"], max_model_len=window).max_model_len == window
+
+
+def test_prompt_longer_than_max_model_len(model_dirs):
+    llm = LLM(model_dirs["llama"]["target"], dtype="float64", max_model_len=32)
+    with pytest.raises(SpecDecError, match="prompt of 40 tokens is too long: max_model_len is 32"):
+        llm.generate({"prompt_token_ids": [1] * 40})
+    with pytest.raises(SpecDecError, match="prompt of 32 tokens is too long"):
+        llm.generate({"prompt_token_ids": [1] * 32})  # no room left for one output token
+    # One token short of the limit: exactly one token comes out, cut by max_model_len.
+    out = llm.generate({"prompt_token_ids": [1] * 31}, SamplingParams(temperature=0, max_tokens=10))[0]
+    assert len(out.outputs[0].token_ids) == 1 and out.outputs[0].finish_reason == "length"
+    # A bad prompt in a batch fails the whole call before anything is queued.
+    with pytest.raises(SpecDecError, match="prompt of 40 tokens is too long"):
+        llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1] * 40}])
+    assert not llm.scheduler.has_work
+
+
+def test_aborting_an_unknown_request_is_a_no_op(llm):
+    assert llm.abort("no-such-request") is None
+    assert llm.scheduler.abort("no-such-request") is False
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=3))[0]
+    assert len(out.outputs[0].token_ids) == 3
+    llm.abort(out.request_id)  # finished: also a no-op
+    assert not llm.scheduler.has_work
+
+
+def test_more_prompts_than_slots_are_queued(model_dirs):
+    llm = LLM(model_dirs["llama"]["target"], dtype="float64", max_num_seqs=1,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    prompts = [{"prompt_token_ids": [i + 1, i + 2, i + 1]} for i in range(5)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))
+    assert [o.prompt_token_ids for o in outputs] == [p["prompt_token_ids"] for p in prompts]
+    assert all(len(o.outputs[0].token_ids) == 4 and o.finished for o in outputs)
+    assert llm.batch_metrics.mean_batch_size == 1.0
 
 
 @pytest.mark.parametrize("k", [0, 65, -1])

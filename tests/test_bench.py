@@ -8,20 +8,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec.bench import workloads
 from specdec.bench.cli import register
-from specdec.bench.harness import (
-    BenchSettings,
-    MethodSpec,
-    expand_methods,
-    metrics_cost_ratio,
-    predicted_speedup,
-    run_benchmark,
-)
+from specdec.bench.hardware import device_bandwidth_gbs, direct_cost_ratio, forward_seconds, parameter_bytes
+from specdec.bench.harness import BenchSettings, groups, run_benchmark
+from specdec.bench.methods import PEERS, MethodSpec, Runner, RunOutput, expand_methods, methods
 from specdec.bench.report import mismatch_warning, to_markdown
-from specdec.bench.runners import Runner, RunOutput, direct_cost_ratio
+from specdec.bench.summary import Calibration, ideal_ratio, metrics_cost_ratio, predicted_speedup
+from specdec.bench.synthetic import RandomTokenPrompts, build_synthetic, random_questions, synthetic_config
 from specdec.bench.workloads import PromptBuilder, Question, load_jsonl, load_spec_bench, load_workload
+from specdec.drafters import DRAFTERS
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
@@ -42,6 +42,25 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+@pytest.fixture
+def extra_drafters(monkeypatch):
+    """Two drafters registered for one test only: one that needs a model and one that does not."""
+
+    class TwinDraft(DraftModelDrafter):
+        method = "twin_draft"
+        description = "a draft model under another name"
+
+    class LookupCopy(NgramDrafter):
+        method = "lookup_copy"
+        description = "prompt lookup under another name"
+
+    monkeypatch.setitem(DRAFTERS, TwinDraft.method, TwinDraft)
+    monkeypatch.setitem(DRAFTERS, LookupCopy.method, LookupCopy)
+    methods.cache_clear()
+    yield
+    methods.cache_clear()
+
+
 # ---------------------------------------------------------------- formulas and method lists
 def test_predicted_speedup_on_known_numbers():
     assert predicted_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
@@ -50,6 +69,14 @@ def test_predicted_speedup_on_known_numbers():
     assert predicted_speedup(0.0, 3, 0.1) == pytest.approx(1 / 1.3)
     with pytest.raises(SpecDecError):
         predicted_speedup(1.5, 2, 0.0)
+
+
+def test_ideal_ratio_of_a_draft_equal_to_the_target():
+    assert ideal_ratio(4, 1.0, 1.0) == pytest.approx(1.0)  # a draft forward costs what the target's does
+    assert ideal_ratio(4, 1.0, 1.2) == pytest.approx(5 / 5.2)
+    assert ideal_ratio(1, 2.0, 2.0) == pytest.approx(1.0)
+    with pytest.raises(SpecDecError):
+        ideal_ratio(0, 1.0, 1.0)
 
 
 def test_metrics_cost_ratio_is_draft_time_per_token_over_target_time_per_step():
@@ -73,6 +100,17 @@ def test_expand_methods_runs_plain_first_and_speculative_methods_once_per_k():
             expand_methods(names, ks)
     with pytest.raises(SpecDecError):
         MethodSpec("ngram")
+
+
+def test_catalogue_is_plain_the_drafter_registry_and_the_peers(extra_drafters):
+    catalogue = methods()
+    assert list(catalogue) == ["plain", *DRAFTERS, *PEERS]
+    for name, drafter in DRAFTERS.items():
+        assert catalogue[name].speculative and not catalogue[name].peer
+        assert catalogue[name].needs_draft == drafter.needs_model
+        assert drafter.description in catalogue[name].description
+    assert catalogue["twin_draft"].needs_draft and not catalogue["lookup_copy"].needs_draft
+    assert [s.label for s in expand_methods(["lookup_copy"], [3])] == ["plain", "lookup_copy k=3"]
 
 
 # ---------------------------------------------------------------- workloads
@@ -130,21 +168,29 @@ def test_prompt_builder_joins_turns_or_applies_the_chat_template(text_model_dirs
 
 # ---------------------------------------------------------------- harness with scripted runners
 class ScriptedRunner(Runner):
-    """Returns a fixed function of the prompt, optionally with its last token changed."""
+    """Returns a fixed function of each prompt, optionally with its last token changed; a call takes
+    ``seconds`` whatever its size (so batching multiplies throughput) and is recorded in ``calls``."""
 
-    def __init__(self, spec: MethodSpec, corrupt: bool = False) -> None:
-        self.spec, self.corrupt = spec, corrupt
+    def __init__(self, spec: MethodSpec, corrupt: bool = False, max_batch_size: int = 8) -> None:
+        self.spec, self.corrupt, self.max_batch_size = spec, corrupt, max_batch_size
+        self.calls: list[int] = []
 
-    def run(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float, seed: int) -> RunOutput:
-        tokens = [(sum(prompt_ids) + i) % 50 for i in range(max_tokens)]
-        if self.corrupt:
-            tokens[-1] += 1
-        metrics = None
-        if self.spec.k is not None:
-            metrics = RequestMetrics(time_drafting=0.01, time_target=0.02)
-            for _ in range(max_tokens // 2):
-                metrics.record_step(self.spec.k, 1, 2)
-        return tokens, 0.01 if self.spec.k else 0.02, metrics
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        assert len(prompts) <= self.max_batch_size
+        self.calls.append(len(prompts))
+        outputs, all_metrics = [], []
+        for prompt_ids in prompts:
+            tokens = [(sum(prompt_ids) + i) % 50 for i in range(max_tokens)]
+            if self.corrupt:
+                tokens[-1] += 1
+            metrics = None
+            if self.spec.k is not None:
+                metrics = RequestMetrics(time_drafting=0.01, time_target=0.02)
+                for _ in range(max_tokens // 2):
+                    metrics.record_step(self.spec.k, 1, 2)
+            outputs.append(tokens)
+            all_metrics.append(metrics)
+        return RunOutput(outputs, 0.01 if self.spec.k else 0.02, all_metrics)
 
     def describe(self) -> dict:
         return {"label": self.spec.label}
@@ -165,7 +211,7 @@ def test_corrupted_output_is_flagged_as_a_mismatch():
     runners = [
         ScriptedRunner(MethodSpec("plain")),
         ScriptedRunner(MethodSpec("ngram", 2), corrupt=True),
-        ScriptedRunner(MethodSpec("hf")),
+        ScriptedRunner(MethodSpec("hf"), max_batch_size=1),
     ]
     result = run_benchmark(
         runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8, warmup=1), progress=False
@@ -214,59 +260,200 @@ def test_prompts_beyond_the_context_window_are_skipped():
         )
 
 
+MANY = [Question(f"a{i}", "a", (f"q{i}" * (i + 1),), "a") for i in range(5)] + [
+    Question("b0", "b", ("x", "yy"), "b"),
+    Question("b1", "b", ("zzz",), "b"),
+]
+
+
+def test_groups_cut_each_category_without_mixing():
+    cut = groups(MANY, 2)
+    assert [[q.question_id for q in g] for g in cut] == [["a0", "a1"], ["a2", "a3"], ["a4"], ["b0", "b1"]]
+    assert len(groups(MANY, 8)) == 2 and len(groups(MANY, 1)) == len(MANY)
+
+
+def test_batch_sizes_batch_turns_and_peers_run_at_batch_one_only():
+    plain, ngram = ScriptedRunner(MethodSpec("plain")), ScriptedRunner(MethodSpec("ngram", 2), corrupt=True)
+    peer = ScriptedRunner(MethodSpec("hf"), max_batch_size=1)
+    settings = BenchSettings(max_tokens=4, warmup=1, batch_sizes=(1, 2))
+    result = run_benchmark([plain, ngram, peer], MANY, ScriptedPrompts(), settings, progress=False)
+    # batch 1: one call per turn (8 turns) plus a warm-up call; batch 2: warm-up, then a0+a1, a2+a3, a4,
+    # b0+b1 (turn 0), b0 (turn 1).
+    assert plain.calls == [1] + [1] * 8 + [2, 2, 2, 1, 2, 1]
+    assert peer.calls == [1] * 9
+    assert {m.batch_size for m in result.measurements if m.method == "hf"} == {1}
+    at2 = [m for m in result.measurements if m.batch_size == 2 and m.method == "plain"]
+    assert len(at2) == 8 and len({m.call for m in at2}) == 5
+    assert sorted(m.call_size for m in at2) == [1, 1, 2, 2, 2, 2, 2, 2]
+    # Greedy checks compare with plain at the same batch size: every ngram output is wrong, at both sizes.
+    assert result.mismatches == {"ngram k=2": 16} and mismatch_warning(result).count("16/16") == 1
+    rows = {(r.batch_size, r.label): r for r in result.summary if r.category == "overall"}
+    assert (2, "hf") not in rows and (1, "hf") in rows
+    # A call lasts 0.02 s (plain) whatever its size: throughput counts each call once.
+    assert rows[1, "plain"].tokens_per_second == pytest.approx(4 / 0.02)
+    assert rows[2, "plain"].tokens_per_second == pytest.approx(8 * 4 / (5 * 0.02))
+    assert rows[2, "plain"].request_tokens_per_second == pytest.approx(4 / 0.02)
+    assert rows[2, "plain"].num_calls == 5 and rows[2, "ngram k=2"].speedup == pytest.approx(2.0)
+    assert rows[2, "plain"].steps_per_second == pytest.approx(5 * 4 / (5 * 0.02))
+    assert rows[2, "plain"].roofline is None
+    per_category = {(r.batch_size, r.category, r.label): r for r in result.summary}
+    assert per_category[2, "b", "plain"].num_calls == 2
+    markdown = to_markdown(result)
+    assert "| 2 | ngram k=2 |" in markdown and "| 2 | hf |" not in markdown
+
+
+def test_roofline_is_plain_steps_per_second_times_the_least_step_time():
+    runners = [ScriptedRunner(MethodSpec("plain")), ScriptedRunner(MethodSpec("ngram", 2))]
+    settings = BenchSettings(max_tokens=4, warmup=0, batch_sizes=(2,))
+    calibration = Calibration(min_step_seconds=0.001, ideal_ratios={"ngram k=2": 1.5}, forward_seconds={1: 0.1, 3: 0.1})
+    result = run_benchmark(runners, MANY[:4], ScriptedPrompts(), settings, calibration, progress=False)
+    rows = {r.label: r for r in result.summary if r.category == "overall"}
+    assert rows["plain"].roofline == pytest.approx(rows["plain"].steps_per_second * 0.001)
+    assert rows["plain"].steps_per_second == pytest.approx(2 * 4 / (2 * 0.02))
+    assert rows["ngram k=2"].roofline is None
+    assert rows["ngram k=2"].ideal_speedup is None  # ideal ratios are batch-1 figures
+    assert "roofline" in to_markdown(result) and "| 20.0% |" in to_markdown(result)
+
+
 # ---------------------------------------------------------------- end to end on tiny models
 def test_bench_cli_writes_reports_and_greedy_outputs_match(text_model_dirs, tmp_path):
     data = _write_jsonl(
-        tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}, {"prompt": "for i in range"}]
+        tmp_path / "q.jsonl",
+        [{"prompt": "def f(x):\n    return"}, {"prompt": "for i in range"}, {"prompt": "x = 1"}],
     )
     out = tmp_path / "out"
-    rc = _bench(
-        [
-            "--model",
-            str(text_model_dirs["target"]),
-            "--draft-model",
-            str(text_model_dirs["draft"]),
-            "--methods",
-            "plain,draft_model,ngram,hf,hf_assisted,hf_prompt_lookup",
-            "--k",
-            "2",
-            "--workload",
-            "jsonl",
-            "--data",
-            str(data),
-            "--max-tokens",
-            "8",
-            "--dtype",
-            "float64",
-            "--out",
-            str(out),
-        ]
-    )
+    argv = ["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"])]
+    argv += ["--methods", "plain,draft_model,ngram,hf,hf_assisted,hf_prompt_lookup", "--k", "2"]
+    argv += ["--workload", "jsonl", "--data", str(data), "--max-tokens", "8", "--dtype", "float64"]
+    rc = _bench([*argv, "--batch-size", "1", "2", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "bench.json").read_text())
     labels = ["plain", "draft_model k=2", "ngram k=2", "hf", "hf_assisted k=2", "hf_prompt_lookup k=2"]
     assert [m["label"] for m in report["methods"]] == labels
-    assert len(report["measurements"]) == 2 * len(labels)
-    assert all(m["num_tokens"] == 8 and m["seconds"] > 0 for m in report["measurements"])
-    assert all(m["matches_reference"] for m in report["measurements"] if m["method"] != "plain")
+    assert report["settings"]["batch_sizes"] == [1, 2]
+    measurements = report["measurements"]
+    at1 = [m for m in measurements if m["batch_size"] == 1]
+    at2 = [m for m in measurements if m["batch_size"] == 2]
+    assert len(at1) == 3 * len(labels) and len(at2) == 3 * 3  # transformers peers only at batch 1
+    assert sorted({m["call_size"] for m in at2}) == [1, 2]
+    assert all(m["num_tokens"] == 8 and m["seconds"] > 0 for m in measurements)
+    assert all(m["matches_reference"] for m in measurements if m["method"] != "plain")
     assert report["mismatches"] == {}
-    overall = {r["label"]: r for r in report["summary"] if r["category"] == "overall"}
-    assert overall["draft_model k=2"]["alpha"] == 1.0 and overall["draft_model k=2"]["tau"] == pytest.approx(
-        8 / 3
-    )
-    assert overall["hf"]["tau"] is None and overall["hf"]["speedup"] > 0
+    overall = {(r["batch_size"], r["label"]): r for r in report["summary"] if r["category"] == "overall"}
+    assert overall[1, "draft_model k=2"]["alpha"] == 1.0
+    assert overall[2, "draft_model k=2"]["tau"] == pytest.approx(8 / 3)
+    assert overall[1, "hf"]["tau"] is None and overall[1, "hf"]["speedup"] > 0
+    assert overall[2, "plain"]["tokens_per_second"] > 0 and overall[2, "plain"]["request_tokens_per_second"] > 0
+    assert (2, "hf") not in overall
     markdown = (out / "bench.md").read_text()
-    assert "| hf_assisted k=2 |" in markdown and "WARNING" not in markdown
-    for name in ("speedup.png", "acceptance.png"):
+    assert "| 1 | hf_assisted k=2 |" in markdown and "| 2 | ngram k=2 |" in markdown and "WARNING" not in markdown
+    for name in ("speedup.png", "acceptance.png", "throughput.png"):
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def test_direct_cost_ratio_times_single_token_forwards(text_model_dirs):
+def test_a_registered_drafter_is_benchmarked_with_no_change_to_the_bench(extra_drafters, text_model_dirs, tmp_path):
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}])
+    out = tmp_path / "out"
+    rc = _bench(
+        ["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"]),
+         "--methods", "plain,twin_draft,lookup_copy", "--k", "2", "--workload", "jsonl", "--data", str(data),
+         "--max-tokens", "6", "--dtype", "float64", "--warmup", "0", "--out", str(out)]
+    )
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    configs = {m["label"]: m["speculative_config"] for m in report["methods"]}
+    assert configs["twin_draft k=2"]["method"] == "twin_draft" and configs["twin_draft k=2"]["model"]
+    assert configs["lookup_copy k=2"]["model"] is None
+    overall = {r["label"]: r for r in report["summary"] if r["category"] == "overall"}
+    assert overall["twin_draft k=2"]["alpha"] == 1.0 and overall["twin_draft k=2"]["mismatches"] == 0
+
+
+def test_direct_cost_ratio_and_forward_seconds(text_model_dirs):
     config = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 2}
-    llm = LLM(text_model_dirs["target"], speculative_config=config, dtype="float64")
+    llm = LLM(text_model_dirs["target"], speculative_config=config, dtype="float64", max_num_seqs=1)
     assert direct_cost_ratio(llm, list(range(1, 20)), trials=3) > 0
+    assert forward_seconds(llm.target, [1, 2, 3], num_tokens=5, trials=2) > 0
     with pytest.raises(SpecDecError):
-        direct_cost_ratio(LLM(text_model_dirs["target"], dtype="float64"), [1, 2], trials=1)
+        direct_cost_ratio(LLM(text_model_dirs["target"], dtype="float64", max_num_seqs=1), [1, 2], trials=1)
+
+
+# ---------------------------------------------------------------- synthetic models and the roofline
+def test_synthetic_shapes_have_the_real_parameter_counts():
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        one = LlamaForCausalLM(synthetic_config("1b"))
+        eight = LlamaForCausalLM(synthetic_config("8b"))
+        draft = LlamaForCausalLM(synthetic_config("tiny", vocab_size=128256))
+    assert sum(p.numel() for p in one.parameters()) == 1_100_048_384  # TinyLlama-1.1B
+    assert sum(p.numel() for p in eight.parameters()) == 8_030_261_248  # Llama-3-8B
+    assert draft.config.vocab_size == 128256 and draft.config.num_hidden_layers == 2
+    with pytest.raises(SpecDecError):
+        synthetic_config("3b")
+
+
+def test_build_synthetic_fills_weights_on_the_device_in_its_dtype():
+    from transformers import LlamaForCausalLM
+
+    model = build_synthetic("test", torch.bfloat16, torch.device("cpu"), seed=3)
+    reference = LlamaForCausalLM(synthetic_config("test"))
+    assert model.dtype == torch.bfloat16 and model.config._name_or_path == "synthetic-test"
+    assert parameter_bytes(model) == 2 * sum(p.numel() for p in reference.parameters())
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+    weight = model.model.layers[0].mlp.up_proj.weight.float()
+    assert abs(weight.std().item() - 0.02) < 0.002 and torch.all(model.model.norm.weight == 1)
+    again = build_synthetic("test", torch.bfloat16, torch.device("cpu"), seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+    draft = build_synthetic("test", torch.float32, torch.device("cpu"), seed=1, vocab_size=300, max_positions=64)
+    assert draft.config.vocab_size == 300 and draft.lm_head.weight.shape == (300, 64)
+
+
+def test_random_token_prompts_are_fixed_per_question():
+    prompts = RandomTokenPrompts(vocab_size=50, prompt_len=7)
+    questions = random_questions(3)
+    first = [prompts.build(q.turns, []) for q in questions]
+    assert all(len(ids) == 7 and all(0 <= t < 50 for t in ids) for ids in first)
+    assert first == [prompts.build(q.turns, []) for q in questions] and first[0] != first[1]
+    assert prompts.decode([1, 2]) == ""
+
+
+def test_bandwidth_table_by_device_name(monkeypatch):
+    assert device_bandwidth_gbs(torch.device("cpu")) is None
+    for name, expected in [
+        ("NVIDIA H100 80GB HBM3", 3350.0),
+        ("NVIDIA H100 PCIe", 2000.0),
+        ("NVIDIA H200", 4800.0),
+        ("NVIDIA A100-SXM4-80GB", None),
+    ]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        assert device_bandwidth_gbs(torch.device("cuda")) == expected
+
+
+def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
+    out = tmp_path / "out"
+    rc = _bench(
+        ["--synthetic", "test", "--draft-synthetic", "same", "--methods", "plain,draft_model", "--k", "2",
+         "--num-prompts", "2", "--prompt-len", "16", "--max-tokens", "6", "--dtype", "float32",
+         "--bandwidth-gbs", "1", "--batch-size", "1", "2", "--device", "cpu", "--out", str(out)]
+    )
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["info"]["draft"] == "the target itself" and report["info"]["bandwidth GB/s"] == 1.0
+    assert report["info"]["max model len"] == 16 + 6 + 3
+    assert all(m["prompt_tokens"] == 16 for m in report["measurements"])
+    calibration = report["calibration"]
+    assert set(calibration["forward_seconds"]) == {"1", "3"}
+    assert calibration["min_step_seconds"] == pytest.approx(report["info"]["parameter bytes"] / 1e9)
+    overall = {(r["batch_size"], r["label"]): r for r in report["summary"] if r["category"] == "overall"}
+    assert overall[1, "draft_model k=2"]["alpha"] == 1.0
+    ideal = calibration["ideal_ratios"]["draft_model k=2"]
+    assert overall[1, "draft_model k=2"]["ideal_speedup"] == pytest.approx(ideal)
+    assert overall[2, "draft_model k=2"]["ideal_speedup"] is None
+    for size in (1, 2):
+        plain = overall[size, "plain"]
+        assert plain["roofline"] == pytest.approx(plain["steps_per_second"] * calibration["min_step_seconds"])
+    markdown = (out / "bench.md").read_text()
+    assert "## Draft equal to the target" in markdown and "| draft_model k=2 | 2 |" in markdown
 
 
 @pytest.mark.parametrize(
@@ -276,16 +463,26 @@ def test_direct_cost_ratio_times_single_token_forwards(text_model_dirs):
         ["--k", "0"],
         ["--k", "65"],
         ["--k", "two"],
+        ["--batch-size", "0"],
         ["--workload", "jsonl"],
         ["--workload", "jsonl", "--data", "/nonexistent/q.jsonl"],
         ["--prompt-lookup-min", "4", "--prompt-lookup-max", "2"],
         ["--max-tokens", "0"],
         ["--methods", "plain,hf_assisted"],
+        ["--synthetic", "test"],
+        ["--draft-synthetic", "tiny"],
+        ["--draft-equals-target", "--draft-model", "x"],
+        ["--max-model-len", "1"],
     ],
 )
 def test_bad_inputs_raise_specdec_error(text_model_dirs, argv):
     with pytest.raises(SpecDecError):
         _bench(["--model", str(text_model_dirs["target"]), *argv])
+
+
+def test_unknown_synthetic_shape_is_an_argument_error():
+    with pytest.raises(SystemExit):
+        _bench(["--synthetic", "70b"])
 
 
 def test_missing_default_pair_is_reported(monkeypatch):

@@ -1,42 +1,99 @@
-"""The n-gram (prompt lookup) drafter proposes what followed an earlier match."""
+"""The n-gram (prompt lookup) drafter proposes what followed an earlier match, per sequence."""
 
 import torch
 
-from specdec.drafters.ngram import NgramDrafter
-from specdec.sampling import SamplingParams
+from specdec.drafters.ngram import NgramDrafter, _Index
+from specdec.sampling import SamplingBatch, SamplingParams
+from specdec.sequence import Sequence
+
+CPU = torch.device("cpu")
 
 
-def make(context, max_n=3, min_n=1):
-    drafter = NgramDrafter(max_n, min_n, torch.device("cpu"))
-    drafter.begin(context, SamplingParams(), torch.Generator())
-    return drafter
+def lookup(context, k, max_n=3, min_n=1):
+    return _Index(min_n, max_n).lookup(context, k)
+
+
+def make_seq(request_id, prompt, slot):
+    seq = Sequence(request_id, list(prompt), SamplingParams(temperature=0), torch.Generator(), 100, frozenset())
+    seq.slot = slot
+    return seq
+
+
+def sampling(seqs):
+    return SamplingBatch.from_params([s.params for s in seqs], [s.generator for s in seqs], CPU)
 
 
 def test_longest_match_wins():
     context = [1, 2, 3, 9, 9, 2, 3, 7, 8, 1, 2, 3]
-    # The 3-gram [1, 2, 3] occurred at 0, followed by 9 9 2.
-    assert make(context).propose(context, 3).tokens.tolist() == [[9, 9, 2]]
+    # The 3-gram [1, 2, 3] occurred at 0, followed by 9 9 2 (the 2-gram [2, 3] would give 7 8 1).
+    assert lookup(context, 3) == [9, 9, 2]
 
 
 def test_falls_back_to_shorter_ngram():
-    context = [5, 6, 7, 8, 4, 6]
-    assert make(context).propose(context, 2).tokens.tolist() == [[7, 8]]
+    assert lookup([5, 6, 7, 8, 4, 6], 2) == [7, 8]
 
 
 def test_prefers_latest_occurrence_with_enough_continuation():
     context = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2]
-    assert make(context, max_n=2, min_n=2).propose(context, 2).tokens.tolist() == [[20, 21]]
+    assert lookup(context, 2, max_n=2, min_n=2) == [20, 21]
+
+
+def test_falls_back_to_first_occurrence_when_latest_is_too_short():
+    # [7, 8] occurs at 0 (followed by 1 2 3) and at 5 (followed by only 2 tokens, the suffix itself).
+    context = [7, 8, 1, 2, 3, 7, 8, 7, 8]
+    assert lookup(context, 3, max_n=2, min_n=2) == [1, 2, 3]
+
+
+def test_continuation_is_cut_at_the_context_end():
+    assert lookup([4, 5, 6, 4, 5], 4, max_n=2, min_n=2) == [6, 4, 5]
 
 
 def test_no_match_proposes_nothing():
-    context = [1, 2, 3, 4]
-    assert make(context, min_n=2).propose(context, 4).num_tokens == 0
+    assert lookup([1, 2, 3, 4], 4, min_n=2) == []
 
 
 def test_index_grows_with_the_context():
+    index = _Index(1, 1)
     context = [1, 2, 3]
-    drafter = make(context, max_n=1, min_n=1)
-    assert drafter.propose(context, 2).num_tokens == 0
+    assert index.lookup(context, 2) == []
     context += [4, 3]
-    drafter.observe(context, 0)
-    assert drafter.propose(context, 2).tokens.tolist() == [[4, 3]]
+    assert index.lookup(context, 2) == [4, 3]
+    assert index.indexed_until == len(context)
+
+
+def test_drafter_keeps_one_index_per_sequence():
+    """Two sequences with contradicting histories in one batch each get their own continuation;
+    ragged ks (0 for one row) and a row with no match give ragged drafts."""
+    drafter = NgramDrafter(3, 1, CPU)
+    a = make_seq("a", [1, 2, 3, 4, 1, 2], slot=0)
+    b = make_seq("b", [1, 2, 9, 9, 1, 2], slot=1)
+    c = make_seq("c", [5, 6, 7], slot=2)
+    d = make_seq("d", [1, 2, 3, 1, 2], slot=3)
+    seqs = [a, b, c, d]
+    drafter.add(seqs)
+    draft = drafter.propose(seqs, [3, 2, 3, 0], sampling(seqs))
+    assert draft.num_draft == [3, 2, 0, 0]
+    assert draft.probs is None
+    assert draft.tokens.shape == (4, 3)
+    assert draft.tokens[0].tolist() == [3, 4, 1]
+    assert draft.tokens[1, :2].tolist() == [9, 9]
+
+    # Sequence a commits tokens; b is untouched by it.
+    a.commit([3, 4, 1])
+    drafter.observe([a, b], [2, 0])
+    draft = drafter.propose([a, b], [2, 2], sampling([a, b]))
+    # a: [3, 4, 1] first seen at 2, followed by 2 3; b still matches its own [1, 2] -> 9 9.
+    assert draft.tokens.tolist() == [[2, 3], [9, 9]]
+
+
+def test_release_forgets_the_sequence():
+    drafter = NgramDrafter(2, 1, CPU)
+    a = make_seq("a", [1, 2, 1], slot=0)
+    drafter.add([a])
+    assert drafter.propose([a], [1], sampling([a])).tokens.tolist() == [[2]]
+    drafter.release(a)
+    assert "a" not in drafter._indexes
+    # A new request reusing the id starts from a fresh index (its own prompt only).
+    b = make_seq("a", [7, 8, 9], slot=0)
+    drafter.add([b])
+    assert drafter.propose([b], [2], sampling([b])).num_draft == [0]

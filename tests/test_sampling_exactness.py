@@ -1,9 +1,12 @@
-"""Sampled speculative output follows the target's distribution exactly.
+"""Sampled speculative output follows the target's distribution exactly, with per-row sampling
+parameters inside one batch.
 
-The exact joint distribution of the first two generated tokens is enumerated from the
-target under the same SamplingParams; thousands of seeded speculative runs are compared to
-it with a chi-square test. A deliberately broken verifier (the recovered token drawn from
-``p`` instead of the residual ``norm(max(p - q, 0))``) fails the same test.
+Every ``generate`` call holds 16 requests: four sampled settings (different temperature,
+top-k, top-p and min-p), three requests of each, plus greedy rows. For each setting the
+exact joint distribution of the first two generated tokens is enumerated from the target,
+and 2000 seeded samples are compared to it with a chi-square test; the greedy rows must give
+the greedy tokens every time. A deliberately broken verifier (the recovered token drawn
+from ``p`` instead of the residual ``norm(max(p - q, 0))``) fails the same test.
 """
 
 import numpy as np
@@ -18,12 +21,17 @@ from specdec.sampling import logits_to_probs
 
 VOCAB = 12
 PROMPT = [3, 1, 4]
-RUNS = 2000
+NGRAM_PROMPT = [3, 1, 4, 3, 3, 1, 4]  # [3, 1, 4] occurred before: ngram drafts 3 3 (3 is the likeliest token)
+SAMPLES = 2000
 SETTINGS = [
     {"temperature": 1.0},
     {"temperature": 0.8, "top_k": 6},
     {"temperature": 1.3, "top_p": 0.8, "min_p": 0.02},
+    {"temperature": 0.6, "top_k": 9, "min_p": 0.1},
 ]
+PER_SETTING = 3  # requests of each setting per generate call
+GREEDY_ROWS = 4  # greedy requests per generate call
+CALLS = -(-SAMPLES // PER_SETTING)
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +46,48 @@ def pair(tmp_path_factory):
     return target, root
 
 
-def exact_joint(target, params: SamplingParams) -> np.ndarray:
+def exact_joint(target, prompt, params: SamplingParams) -> np.ndarray:
     """P(t1, t2) of plain sampling from the target, ``[V, V]``."""
     with torch.no_grad():
-        first = logits_to_probs(target(torch.tensor([PROMPT])).logits[0, -1], params)
-        contexts = torch.tensor([PROMPT + [t] for t in range(VOCAB)])
+        first = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params)
+        contexts = torch.tensor([prompt + [t] for t in range(VOCAB)])
         second = logits_to_probs(target(contexts).logits[:, -1], params)
     return (first[:, None] * second).numpy()
 
 
-def empirical_joint(llm: LLM, params: dict, max_tokens: int) -> np.ndarray:
-    counts = np.zeros((VOCAB, VOCAB))
-    for seed in range(RUNS):
-        sampling = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True, **params)
-        tokens = llm.generate({"prompt_token_ids": PROMPT}, sampling)[0].outputs[0].token_ids
-        counts[tokens[0], tokens[1]] += 1
+def greedy_tokens(target, prompt, n):
+    ids = torch.tensor([prompt])
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def empirical_joints(llm: LLM, prompt, max_tokens: tuple[int, ...], greedy: list[int]) -> list[np.ndarray]:
+    """Counts of the first two tokens per setting, from ``CALLS`` mixed batches of 16 requests.
+
+    The requests of a setting alternate their ``max_tokens`` over ``max_tokens`` (so with k=2 some
+    rows draft 2 tokens and others 1 in the same step: ragged drafts under sampling)."""
+    counts = [np.zeros((VOCAB, VOCAB)) for _ in SETTINGS]
+    request = {"prompt_token_ids": prompt}
+    for call in range(CALLS):
+        params, which = [], []
+        for j in range(PER_SETTING * len(SETTINGS)):
+            setting = j % len(SETTINGS)
+            seed = (call * PER_SETTING * len(SETTINGS) + j) * 7919 + 1
+            budget = max_tokens[(j // len(SETTINGS)) % len(max_tokens)]
+            params.append(SamplingParams(max_tokens=budget, seed=seed, ignore_eos=True, **SETTINGS[setting]))
+            which.append(setting)
+        for j in range(GREEDY_ROWS):
+            params.insert(3 * j + 1, SamplingParams(temperature=0, max_tokens=max_tokens[j % len(max_tokens)]))
+            which.insert(3 * j + 1, None)
+        outputs = llm.generate([request] * len(params), params)
+        for setting, output, p in zip(which, outputs, params, strict=True):
+            tokens = output.outputs[0].token_ids
+            assert len(tokens) == p.max_tokens
+            if setting is None:
+                assert tokens == greedy[: p.max_tokens], "a greedy row in a sampled batch left the greedy path"
+            else:
+                counts[setting][tokens[0], tokens[1]] += 1
     return counts
 
 
@@ -69,24 +104,36 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
-CASES = [(settings, 1, 2) for settings in SETTINGS] + [(SETTINGS[0], 2, 3)]
+def pvalues(target, llm, prompt, max_tokens):
+    counts = empirical_joints(llm, prompt, max_tokens, greedy_tokens(target, prompt, max(max_tokens)))
+    return [chi_square_pvalue(c, exact_joint(target, prompt, SamplingParams(**s))) for c, s in zip(counts, SETTINGS)]
 
 
-def case_id(case) -> str:
-    settings, k, max_tokens = case
-    return ",".join(f"{key}={value}" for key, value in settings.items()) + f",k={k},max_tokens={max_tokens}"
+CASES = [
+    # k=1, two tokens: rejection/residual at the first token, bonus at the second.
+    ("draft_model", 1, (2,)),
+    # k=2: rows of 3 tokens draft 2 (the second token can also come from a residual after an
+    # acceptance), rows of 2 tokens draft 1, in the same steps.
+    ("draft_model", 2, (3, 2)),
+    # A deterministic drafter: verified against a one-hot q.
+    ("ngram", 2, (3, 2)),
+]
 
 
-@pytest.mark.parametrize("settings,k,max_tokens", CASES, ids=[case_id(c) for c in CASES])
-def test_draft_model_sampling_matches_target(pair, settings, k, max_tokens):
-    """k=1, two tokens: rejection/residual at the first token, bonus at the second.
-    k=2, three tokens: the first two tokens also go through a residual after an acceptance."""
+@pytest.mark.parametrize("method,k,max_tokens", CASES, ids=[f"{m}-k{k}" for m, k, _ in CASES])
+def test_mixed_batch_sampling_matches_target(pair, method, k, max_tokens):
     target, root = pair
-    spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": k}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64")
-    counts = empirical_joint(llm, settings, max_tokens)
-    pvalue = chi_square_pvalue(counts, exact_joint(target, SamplingParams(**settings)))
-    assert pvalue > 1e-3, f"speculative samples deviate from the target distribution (p={pvalue:.2e})"
+    spec = {"method": method, "num_speculative_tokens": k}
+    if method == "draft_model":
+        spec["model"] = str(root / "draft")
+    prompt = NGRAM_PROMPT if method == "ngram" else PROMPT
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    results = pvalues(target, llm, prompt, max_tokens)
+    for settings, pvalue in zip(SETTINGS, results):
+        assert pvalue > 1e-3, f"{settings}: speculative samples deviate from the target distribution (p={pvalue:.2e})"
+    batch = llm.batch_metrics
+    assert batch.mean_batch_size > 8, "the requests must have run batched"
+    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens, "the test needs both accepted and rejected drafts"
 
 
 def test_broken_residual_is_caught(pair, monkeypatch):
@@ -94,11 +141,10 @@ def test_broken_residual_is_caught(pair, monkeypatch):
     target, root = pair
     monkeypatch.setattr(specdec.verify, "residual_distribution", lambda p, q: p)
     spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 1}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64")
-    settings = SETTINGS[0]
-    counts = empirical_joint(llm, settings, max_tokens=2)
-    pvalue = chi_square_pvalue(counts, exact_joint(target, SamplingParams(**settings)))
-    assert pvalue < 1e-6, f"a wrong residual went unnoticed (p={pvalue:.2e})"
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    results = pvalues(target, llm, PROMPT, (2,))
+    for settings, pvalue in zip(SETTINGS, results):
+        assert pvalue < 1e-6, f"{settings}: a wrong residual went unnoticed (p={pvalue:.2e})"
 
 
 def test_draft_differs_from_target(pair):

@@ -97,3 +97,42 @@ def test_stop_string_cuts_text_and_tokens(text_model_dirs):
     assert "".join(piece.text for piece in streamed) == ref_text[:cut]
     assert [t for piece in streamed for t in piece.token_ids] == ids
     assert streamed[-1].finished and streamed[-1].finish_reason == "stop"
+
+
+def test_stops_per_row_in_one_batch(spec_llm, reference):
+    """Rows of one batch stop at their own stop token or budget, inside accepted runs, and the
+    other rows go on unaffected."""
+    first, second = first_new_token_after(reference, 3), first_new_token_after(reference, 8)
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[reference[first]]),
+        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[reference[second]]),
+        SamplingParams(temperature=0, max_tokens=7),
+        SamplingParams(temperature=0, max_tokens=30),
+    ]
+    outputs = spec_llm.generate([{"prompt_token_ids": PROMPT}] * 4, params)
+    got = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outputs]
+    assert got == [
+        (reference[: first + 1], "stop"),
+        (reference[: second + 1], "stop"),
+        (reference[:7], "length"),
+        (reference, "length"),
+    ]
+
+
+def test_stop_strings_per_row_in_one_batch(text_model_dirs):
+    """A stop string ends its own row only (the engine is told to drop it); streams and
+    generate agree."""
+    spec = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 4}
+    llm = LLM(text_model_dirs["target"], speculative_config=spec, dtype="float64", max_num_seqs=2)
+    prompts = ["def f(x):\n", "for i in range(10):\n"]
+    free = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    refs = [llm.generate(p, free)[0].outputs[0] for p in prompts]
+    stop = refs[0].text[6:9]
+    assert stop not in refs[0].text[:6]
+    stopped = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    outputs = llm.generate([prompts[0], prompts[1], prompts[0]], [stopped, free, free])
+    assert outputs[0].outputs[0].text == refs[0].text[: refs[0].text.index(stop)]
+    assert outputs[0].outputs[0].finish_reason == "stop"
+    assert outputs[1].outputs[0].token_ids == refs[1].token_ids
+    assert outputs[2].outputs[0].token_ids == refs[0].token_ids
+    assert not llm.scheduler.has_work and llm.engine.cache.lengths == [0, 0]

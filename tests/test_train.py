@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.models.loader import load_hf_model, load_tokenizer
 from specdec.train.cli import main as train_main
 from specdec.train.cli import register
 from specdec.train.corpus import code_prompts, list_files, split_files, token_stream
-from specdec.train.draft import DistillSettings, greedy_acceptance, load_model, train_draft
-from specdec.train.lm import load_tokenizer, train_lm
+from specdec.train.draft import DistillSettings, greedy_acceptance, train_draft
+from specdec.train.lm import check_eos, train_lm
 from specdec.train.loop import TrainSettings
 from specdec.train.presets import resolve_preset
 from specdec.train.tokenizer import train_tokenizer
@@ -133,7 +134,7 @@ def test_tokenizer_round_trips_code(tokenizer_dir: Path) -> None:
 
 
 def test_token_stream_is_cached(corpus: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
-    tok = load_tokenizer(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir, required=True)
     files = split_files([corpus])["train"]
     stream = token_stream(files, tok, tmp_path)
     assert stream.ndim == 1 and (stream == tok.eos_token_id).sum() == len(files)
@@ -191,11 +192,13 @@ def test_draft_distills_and_reports_acceptance(
     assert 0.0 <= summary["acceptance_rate_greedy"] <= 1.0
     assert 1.0 <= summary["expected_chain_length_k4"] <= 5.0
     assert summary["parameters"] < summary["target_parameters"]
-    assert load_model(tmp_path).config.vocab_size == load_model(target_dir).config.vocab_size
+    draft, _ = load_hf_model(tmp_path, "auto", torch.device("cpu"))
+    target, _ = load_hf_model(target_dir, "auto", torch.device("cpu"))
+    assert draft.config.vocab_size == target.config.vocab_size
 
 
 def test_acceptance_of_target_against_itself_is_perfect(target_dir: Path) -> None:
-    model = load_model(target_dir)
+    model, _ = load_hf_model(target_dir, torch.float32, torch.device("cpu"))
     result = greedy_acceptance(model, model, [[5, 6, 7], [8, 9]], new_tokens=6)
     assert result["acceptance_rate_greedy"] == 1.0 and result["expected_chain_length_k4"] == 5.0
 
@@ -239,7 +242,11 @@ def test_bad_training_inputs_raise(
     with pytest.raises(SpecDecError, match="vocab size must be at least"):
         train_tokenizer(tmp_path / "t", vocab_size=100, corpus_dirs=[corpus])
     with pytest.raises(SpecDecError, match="tokenizer folder .* does not exist"):
-        load_tokenizer(tmp_path / "nope")
+        load_tokenizer(tmp_path / "nope", required=True)
+    no_eos = load_tokenizer(tokenizer_dir, required=True)
+    no_eos.eos_token = None
+    with pytest.raises(SpecDecError, match="no EOS token"):
+        check_eos(no_eos, tokenizer_dir)
     with pytest.raises(SpecDecError, match="--max-steps or --time-budget"):
         train_lm(tokenizer_dir, resolve_preset("lm", "tiny"), _settings(tmp_path), [corpus])
     with pytest.raises(SpecDecError, match="no checkpoint"):
@@ -267,7 +274,7 @@ def test_bad_training_inputs_raise(
             [corpus],
             other_tok,
         )
-    with pytest.raises(SpecDecError, match="does not exist or has no config.json"):
+    with pytest.raises(SpecDecError, match="model folder .* does not exist"):
         train_draft(
             tmp_path / "nothing", resolve_preset("draft", "tiny"), _settings(tmp_path, max_steps=2), distill
         )

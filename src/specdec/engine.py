@@ -1,139 +1,180 @@
-"""The decoding loop: one speculative step as numbered stages, yielded step by step.
+"""One batched speculative step as numbered stages.
 
-Cache invariant (chain): the target's cache holds every committed token except the last,
-the *pending* token. A step feeds ``[pending, d_1..d_k]`` at positions ``L..L+k``; with
-``n`` drafts accepted the cache is cropped to ``L+1+n`` and the recovered or bonus token
-becomes the new pending token. Plain decoding is the same loop with no drafter (k = 0).
+Cache invariant (chain): a sequence's slot holds every committed token except the last, the
+*pending* token. A step feeds each row ``[pending, d_1..d_n]`` at positions ``L..L+n``; with
+``a`` drafts accepted the slot is rolled back to ``L+1+a`` and the recovered or bonus token
+becomes the new pending token. Plain decoding is the same step with no drafter (n = 0).
+
+The step reads the device once: the verified tokens and accepted counts of every row, as one
+tensor. Everything before that (drafting, the target forward, sampling, verification) is
+queued on the device without waiting for it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter
-from specdec.metrics import RequestMetrics
-from specdec.models.base import CachedLM
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.drafters.base import DraftBatch, Drafter
+from specdec.metrics import BatchMetrics, StageClock
+from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
+from specdec.sampling import SamplingBatch
+from specdec.sequence import Sequence
 from specdec.verify import verify_greedy, verify_stochastic
 
 
 @dataclass
 class StepOutput:
-    """What one step committed: ``token_ids`` (stops and ``max_tokens`` already applied),
-    how many tokens were drafted and accepted, and ``finish_reason`` (None, "stop" or "length")."""
+    """What one step committed for one sequence: ``token_ids`` (stops and ``max_tokens``
+    already applied), how many tokens were drafted and accepted, and ``finish_reason``
+    (None, "stop" or "length")."""
 
+    request_id: str
     token_ids: list[int]
     num_drafted: int
     num_accepted: int
     finish_reason: str | None
 
 
-class SpeculativeEngine:
-    """Runs requests on a target model with an optional drafter, ``k`` draft tokens per step."""
+class Engine:
+    """Runs batched steps of a target model over its KV pool with an optional drafter.
+
+    ``num_speculative_tokens`` is k, the most drafts a row proposes per step (0 without a
+    drafter). The engine owns the target's pool; slots are assigned by the scheduler.
+    """
 
     def __init__(
-        self, target: CachedLM, drafter: Drafter | None, num_speculative_tokens: int, eos_token_ids: set[int]
+        self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
+        max_model_len: int,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.cache: KVCache = target.new_cache(num_slots, max_model_len)
+        self.metrics = BatchMetrics()
+        self._clock = StageClock(target.device)
 
-    def max_new_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """``max_tokens``, capped so that prompt plus output fit the target's context window."""
-        return min(params.max_tokens, self.target.max_length - num_prompt_tokens)
+    # ------------------------------------------------------------------ lifecycle
+    def prefill(self, seqs: list[Sequence]) -> None:
+        """Start sequences whose ``slot`` is set: every prompt token but the pending one into the
+        target's slot, in one ragged forward, and the prompts into the drafter."""
+        clock = self._clock
+        clock.start()
+        for s in seqs:
+            self.cache.release(s.slot)
+        rows = [s for s in seqs if len(s.prompt_ids) > 1]
+        if rows:
+            batch = ForwardBatch.from_rows([s.prompt_ids[:-1] for s in rows], [0] * len(rows),
+                                           [s.slot for s in rows], self.target.device, logits="none")
+            self.target.forward(batch, self.cache)
+        if self.drafter is not None:
+            self.drafter.add(seqs)
+        clock.lap("prefill")
+        seconds = clock.read()["prefill"]
+        self.metrics.time_prefill += seconds
+        for s in seqs:
+            s.metrics.time_prefill += seconds
 
-    def generate(
-        self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator, metrics: RequestMetrics
-    ) -> Iterator[StepOutput]:
-        """Yield one :class:`StepOutput` per target step until a stop condition; fills ``metrics``."""
-        target, drafter = self.target, self.drafter
-        stop_ids = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            stop_ids |= self.eos_token_ids
-        budget = self.max_new_tokens(len(prompt_ids), params)
-        metrics.num_prompt_tokens = len(prompt_ids)
+    def release(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's slot and drafter state."""
+        self.cache.release(seq.slot)
+        if self.drafter is not None:
+            self.drafter.release(seq)
 
-        # 0. Prefill: every prompt token but the last (the first pending token) into the caches.
-        tic = time.perf_counter()
-        target.reset()
-        if len(prompt_ids) > 1:
-            target.forward(self._tensor(prompt_ids[:-1]), num_logits=0)
-        if drafter is not None:
-            drafter.begin(prompt_ids, params, generator)
-        metrics.time_prefill += time.perf_counter() - tic
+    # ------------------------------------------------------------------ the step
+    def step(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """One batched step over ``seqs`` (running, unfinished); returns one output per sequence."""
+        clock, device = self._clock, self.target.device
+        clock.start()
+        sampling = SamplingBatch.from_params([s.params for s in seqs], [s.generator for s in seqs], device)
 
-        context = list(prompt_ids)
-        generated = 0
-        while True:
-            # 1. Propose: at most k drafts, and never more than the tokens still allowed minus
-            #    the one the target always adds.
-            tic = time.perf_counter()
-            k = min(self.k, budget - generated - 1)
-            draft = drafter.propose(context, k) if drafter is not None and k > 0 else None
-            num_drafted = draft.num_tokens if draft is not None else 0
-            toc = time.perf_counter()
-            metrics.time_drafting += toc - tic
-
-            # 2. Target forward over [pending, d_1..d_k] at positions L..L+k.
-            cache_length = target.length
-            step_input = self._tensor(context[-1:])
-            if num_drafted:
-                step_input = torch.cat([step_input, draft.tokens], dim=1)
-            logits = target.forward(step_input)
-            tic = time.perf_counter()
-            metrics.time_target += tic - toc
-
-            # 3. Verify: greedy argmax matching, or exact rejection sampling.
-            output, num_accepted = self._verify(draft, num_drafted, logits, params, generator)
-
-            # 4. Commit: emit accepted drafts plus the recovered/bonus token, stopping exactly at a
-            #    stop token or the token budget; roll the target cache back to L+1+n.
-            emitted = []
-            finish_reason = None
-            for token in output[: num_accepted + 1]:
-                emitted.append(token)
-                generated += 1
-                if token in stop_ids:
-                    finish_reason = "stop"
-                elif generated >= budget:
-                    finish_reason = "length"
-                if finish_reason:
-                    break
-            context.extend(emitted)
-            target.crop(cache_length + 1 + num_accepted)
-            metrics.record_step(num_drafted, num_accepted, len(emitted))
-            toc = time.perf_counter()
-            metrics.time_other += toc - tic
-
-            # 5. Observe: the drafter rolls back its own state and adapts.
-            if drafter is not None and finish_reason is None:
-                drafter.observe(context, num_accepted)
-                metrics.time_drafting += time.perf_counter() - toc
-
-            # 6. Hand the step to the caller (text, streaming and stop strings live above).
-            yield StepOutput(emitted, num_drafted, num_accepted, finish_reason)
-            if finish_reason:
-                return
-
-    def _tensor(self, token_ids: list[int]) -> torch.Tensor:
-        return torch.tensor([token_ids], dtype=torch.long, device=self.target.device)
-
-    @staticmethod
-    def _verify(
-        draft: Draft | None, num_drafted: int, logits: torch.Tensor, params: SamplingParams,
-        generator: torch.Generator,
-    ) -> tuple[list[int], int]:
-        """Returns the emitted-token candidates (``n+1`` of them) and ``n``, the accepted count."""
-        tokens = draft.tokens if num_drafted else logits.new_empty(1, 0, dtype=torch.long)
-        if params.greedy:
-            output, num_accepted = verify_greedy(tokens, logits)
+        # 1. Propose: at most k drafts per row, never more than the tokens it may still emit
+        #    minus the one the target always adds.
+        ks = [max(0, min(self.k, s.remaining - 1)) for s in seqs]
+        if self.drafter is not None and any(ks):
+            draft = self.drafter.propose(seqs, ks, sampling)
         else:
-            probs = draft.probs if num_drafted else None
-            output, num_accepted = verify_stochastic(tokens, probs, logits_to_probs(logits, params), generator)
-        n = int(num_accepted[0])
-        return output[0, : n + 1].tolist(), n
+            draft = DraftBatch(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
+        clock.lap("drafting")
+
+        # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n.
+        batch, grid = self._verify_batch(seqs, draft)
+        logits = self.target.forward(batch, self.cache).logits
+        clock.lap("target")
+
+        # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call.
+        width = draft.tokens.shape[1]
+        target_logits = logits[grid]  # [B, K+1, V]
+        num_draft = to_device(draft.num_draft, device) if width else torch.zeros_like(grid[:, 0])
+        if sampling.all_greedy:
+            output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
+        else:
+            probs = sampling.probs(target_logits)
+            uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
+            noise = sampling.noise(probs[:, 0])
+            output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
+        # The step's one host sync: every row's emitted tokens and accepted count.
+        result = torch.cat([output, num_accepted[:, None]], dim=1).tolist()
+        clock.lap("other")
+
+        # 4. Commit: emit accepted drafts plus the recovered/bonus token, stopping exactly at a stop
+        #    token or the token budget; roll each slot back to L+1+a.
+        outputs = []
+        accepted = []
+        for s, row, drafted in zip(seqs, result, draft.num_draft):
+            n = row[-1]
+            start = len(s.token_ids) - 1
+            kept = s.commit(row[: n + 1])
+            self.cache.set_length(s.slot, start + 1 + n)
+            s.metrics.record_step(drafted, n, len(kept))
+            accepted.append(n)
+            outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))
+        clock.lap("other")
+
+        # 5. Observe: the drafter rolls back its own state for the rows that go on.
+        if self.drafter is not None:
+            going_on = [(s, a) for s, a in zip(seqs, accepted) if not s.finished]
+            if going_on:
+                self.drafter.observe([s for s, _ in going_on], [a for _, a in going_on])
+        clock.lap("drafting")
+
+        # 6. Metrics; the outputs go to the scheduler.
+        self._record(seqs, outputs, clock.read())
+        return outputs
+
+    def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor]:
+        """The target's input for the step, and ``grid`` ``[B, K+1]``: the flat row of each
+        (sequence, column) logit (columns past a row's drafts repeat its last token; never used)."""
+        device = self.target.device
+        width = draft.tokens.shape[1]
+        cu, flat_index, grid, positions = [0], [], [], []
+        for b, (s, n) in enumerate(zip(seqs, draft.num_draft)):
+            base = cu[-1]
+            flat_index.extend(range(b * (width + 1), b * (width + 1) + n + 1))
+            grid.extend(base + min(i, n) for i in range(width + 1))
+            start = len(s.token_ids) - 1
+            positions.extend(range(start, start + n + 1))
+            cu.append(base + n + 1)
+        n = len(flat_index)
+        host = to_device(flat_index + positions + grid + [s.token_ids[-1] for s in seqs], device)
+        table = torch.cat([host[2 * n + len(grid) :, None], draft.tokens], dim=1)
+        input_ids = table.reshape(-1)[host[:n]]
+        grid_t = host[2 * n : 2 * n + len(grid)].view(len(seqs), width + 1)
+        return ForwardBatch(input_ids, host[n : 2 * n], [s.slot for s in seqs], cu), grid_t
+
+    def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
+        m = self.metrics
+        m.num_steps += 1
+        m.num_rows += len(seqs)
+        for out in outputs:
+            m.num_generated_tokens += len(out.token_ids)
+            m.num_draft_tokens += out.num_drafted
+            m.num_accepted_tokens += out.num_accepted
+        m.time_drafting += times.get("drafting", 0.0)
+        m.time_target += times["target"]
+        m.time_other += times["other"]
+        for s in seqs:
+            s.metrics.time_drafting += times.get("drafting", 0.0)
+            s.metrics.time_target += times["target"]
+            s.metrics.time_other += times["other"]

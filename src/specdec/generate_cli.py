@@ -1,17 +1,55 @@
-"""``specdec generate``: speculative (or plain) generation from the command line."""
+"""``specdec generate``: speculative (or plain) generation from the command line.
+
+The ``--speculative-method`` choices are the drafter registry's methods plus ``none``; the registry
+is read only when the flag is checked or help is printed, since importing the drafters imports torch.
+With ``--prompts-file`` all prompts go to one batched ``LLM.generate`` call (``--stream`` streams them
+one after the other).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Sequence_
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
 from specdec.jsonl import read_jsonl
 
-METHODS = ("draft_model", "ngram", "none")
+PLAIN = "none"
+DEFAULT_WITH_DRAFT = "draft_model"
+"""The method used when a draft model is known and no --speculative-method is given."""
+
+
+class LazyChoices(Sequence_[str]):
+    """argparse ``choices`` computed on first use (a membership check or help), not when the parser is built."""
+
+    def __init__(self, load: Callable[[], Iterable[str]]) -> None:
+        self._load = load
+
+    @cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(self._load())
+
+    def __getitem__(self, index):
+        return self._names[index]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
+def _method_names() -> list[str]:
+    from specdec.drafters import DRAFTERS
+
+    return [*DRAFTERS, PLAIN]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,9 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="JSONL file: one object per line with 'prompt' or 'prompt_token_ids'")
     p.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
-    p.add_argument("--speculative-model", help="draft model folder or hub id (method draft_model)")
-    p.add_argument("--speculative-method", choices=METHODS, help="drafting method (default: draft_model when a "
-                   "draft model is known, else none)")
+    p.add_argument("--speculative-model",
+                   help="draft model folder or hub id (for methods that need one, such as draft_model)")
+    p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
+                   help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
+                   f"else {PLAIN})")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step, k (default 4)")
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
     p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
@@ -45,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="draft model dtype (default: the target's; float32 for a bf16/fp16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
+    p.add_argument("--max-num-seqs", type=int, default=16,
+                   help="sequences decoded at once (KV pool slots); more prompts wait for a free slot (default 16)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="tokens per sequence, prompt and output (default: the model's context window)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.set_defaults(func=run)
@@ -53,18 +97,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """(target, draft or None, method) from the flags and the embedded default pair."""
     from specdec.assets import require_default_pair
+    from specdec.drafters import DRAFTERS
 
     model, draft, method = args.model, args.speculative_model, args.speculative_method
+    needs_model = method is None or (method != PLAIN and DRAFTERS[method].needs_model)
     if model is None:
         pair = require_default_pair()
         model = str(pair[0])
-        if draft is None and method in (None, "draft_model"):
+        if draft is None and needs_model:
             draft = str(pair[1])
     if method is None:
-        method = "draft_model" if draft else "none"
-    if method == "draft_model" and not draft:
-        raise SpecDecError("--speculative-method draft_model needs --speculative-model")
-    if method != "draft_model":
+        method = DEFAULT_WITH_DRAFT if draft else PLAIN
+    if method != PLAIN and DRAFTERS[method].needs_model:
+        if not draft:
+            raise SpecDecError(f"--speculative-method {method} needs --speculative-model")
+    else:
         draft = None
     return model, draft, method
 
@@ -90,9 +137,29 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
 def _summary(metrics, method: str, k: int) -> str:
     line = (f"[specdec] {metrics.num_generated_tokens} tokens in {metrics.time_total:.2f} s, "
             f"{metrics.tokens_per_second:.1f} tokens/s, tau {metrics.mean_acceptance_length:.2f}")
-    if method != "none":
+    if method != PLAIN:
         line += f", acceptance rate {metrics.acceptance_rate:.2f} ({method}, k={k})"
     return line
+
+
+def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
+    """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
+    if method == PLAIN:
+        return None
+    return {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,
+            "dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
+            "prompt_lookup_min": args.prompt_lookup_min}
+
+
+def _stream(llm, prompts: list[Any], params, method: str, k: int) -> None:
+    """Print each prompt's text as it is generated, one prompt after the other, with a summary line."""
+    for prompt in prompts:
+        last = None
+        for last in llm.stream(prompt, params):
+            sys.stdout.write(last.text)
+            sys.stdout.flush()
+        print()
+        print(_summary(last.metrics, method, k), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,26 +175,18 @@ def run(args: argparse.Namespace) -> int:
     )
     model, draft, method = _resolve_models(args)
     k = args.num_speculative_tokens
-    spec = None
-    if method == "draft_model":
-        spec = {"method": method, "model": draft, "num_speculative_tokens": k, "dtype": args.speculative_dtype}
-    elif method == "ngram":
-        spec = {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": args.prompt_lookup_max,
-                "prompt_lookup_min": args.prompt_lookup_min}
+    spec = _speculative_config(args, draft, method)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
-              backend=args.backend)
-    for prompt in prompts:
-        if args.stream and not args.json:
-            last = None
-            for last in llm.stream(prompt, params):
-                sys.stdout.write(last.text)
-                sys.stdout.flush()
-            print()
-            print(_summary(last.metrics, method, k), file=sys.stderr)
-            continue
-        out = llm.generate([prompt], params)[0]
+              backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    if args.stream and not args.json:
+        _stream(llm, prompts, params, method, k)
+        return 0
+    tic = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - tic
+    for out in outputs:
         if args.json:
             print(json.dumps({
                 "text": out.outputs[0].text,
@@ -142,4 +201,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(out.outputs[0].text)
             print(_summary(out.metrics, method, k), file=sys.stderr)
+    if len(outputs) > 1 and not args.json:
+        tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
+        print(f"[specdec] {len(outputs)} prompts in one batch: {tokens} tokens in {seconds:.2f} s, "
+              f"{tokens / seconds:.1f} tokens/s", file=sys.stderr)
     return 0

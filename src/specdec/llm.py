@@ -1,13 +1,25 @@
 """The offline Python API, shaped like vLLM's: ``LLM(...).generate(prompts, sampling_params)``.
 
-Token generation is the engine's; this layer turns prompts into ids, ids into text, applies
-stop strings, streams deltas and returns :class:`RequestOutput` objects.
+Token generation is the scheduler's and the engine's; this layer turns prompts into
+sequences, step outputs into text (stop strings, streaming deltas) and returns
+:class:`RequestOutput` objects. ``generate`` submits all its prompts at once, so they run
+batched; ``stream`` is a loop over the same steps.
+
+Concurrency: one lock guards the model state. Whichever caller holds it runs the next
+step for *every* running sequence and files each sequence's output with its request, so
+several threads calling ``generate``, or several ``stream`` generators consumed in any
+interleaving, share batches and each get exactly their own tokens. A stream that is closed
+or garbage-collected early aborts its sequence and frees its slot.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterator, Sequence
+import threading
+from collections import deque
+from collections.abc import Iterator
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +27,13 @@ from typing import Any
 import torch
 
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
-from specdec.engine import SpeculativeEngine
+from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.metrics import RequestMetrics
-from specdec.models.loader import ModelSource, load_cached_lm, load_tokenizer, resolve_device
+from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams
+from specdec.scheduler import Scheduler
+from specdec.sequence import Sequence
 from specdec.text import TextTracker
 
 Prompt = str | dict[str, Any]
@@ -59,15 +73,35 @@ class StreamOutput:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
+@dataclass(eq=False)
+class _Request:
+    """A submitted request as the API layer sees it: its sequence, text tracker and the
+    stream outputs filed for it but not yet taken by its caller."""
+
+    seq: Sequence
+    prompt: str | None
+    tracker: TextTracker
+    pending: deque[StreamOutput] = field(default_factory=deque)
+    done: bool = False
+    error: BaseException | None = None
+
+
+DEFAULT_MAX_NUM_SEQS = 16
+
+
 class LLM:
-    """A target model, an optional drafter and the engine that runs them.
+    """A target model, an optional drafter, and the scheduler and engine that run them.
 
     ``model``: a local folder, a hub id or a loaded ``PreTrainedModel``. ``tokenizer``
     defaults to the model's folder; without one, prompts must be token ids.
     ``speculative_config``: None for plain decoding (the baseline), else a dict such as
     ``{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}`` or
     ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}``.
-    ``backend``: ``"auto"``, ``"fast"`` or ``"hf"`` (see :func:`specdec.models.load_cached_lm`).
+    ``backend``: ``"auto"``, ``"fast"`` or ``"hf"`` (see :func:`specdec.models.load_causal_lm`).
+    ``max_num_seqs``: sequences run at once (slots of the KV pool, allocated once); more
+    requests wait in a queue. ``max_model_len``: tokens per sequence, prompt and output
+    (default: the model's context window). ``enforce_eager``: never capture CUDA graphs (on a
+    GPU the fast backend captures its decode and verify forwards lazily, per shape bucket).
     """
 
     def __init__(
@@ -79,25 +113,51 @@ class LLM:
         device: str | torch.device = "auto",
         seed: int = 0,
         backend: str = "auto",
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
     ) -> None:
+        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
+            raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
         self.device = resolve_device(device)
-        self.target = load_cached_lm(model, dtype=dtype, device=self.device, backend=backend)
+        self.target = load_causal_lm(model, dtype=dtype, device=self.device, backend=backend,
+                                     enforce_eager=enforce_eager)
+        if max_model_len is not None and max_model_len > self.target.max_length:
+            raise SpecDecError(
+                f"max_model_len {max_model_len} is larger than the context window of {self.target.name!r} "
+                f"({self.target.max_length} tokens)"
+            )
+        self.max_model_len = max_model_len or self.target.max_length
+        self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
         drafter = None
         if speculative_config is not None:
-            options = LoadOptions(device=self.device, backend=backend, target_tokenizer=self.tokenizer)
+            options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
+                                  max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
+                                  enforce_eager=enforce_eager)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.num_speculative_tokens if speculative_config else 0
-        self.engine = SpeculativeEngine(self.target, drafter, k, self._eos_token_ids())
+        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len)
+        self.scheduler = Scheduler(self.engine, max_num_seqs)
+        self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
-        self._request_counter = 0
+        self._ids = itertools.count()
+        self._requests: dict[str, _Request] = {}
+        self._lock = threading.RLock()
 
     @property
     def model_name(self) -> str:
         return self.target.name
+
+    @property
+    def batch_metrics(self):
+        """:class:`~specdec.metrics.BatchMetrics` over every step this LLM has run."""
+        return self.engine.metrics
 
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -122,7 +182,9 @@ class LLM:
             text, ids = prompt, self.tokenizer(prompt)["input_ids"]
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
+            if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
                 raise SpecDecError("prompt_token_ids must be a list of integers")
             bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
             if bad:
@@ -134,42 +196,107 @@ class LLM:
             raise SpecDecError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
         if not ids:
             raise SpecDecError("empty prompt")
-        if len(ids) >= self.target.max_length:
+        if len(ids) >= self.max_model_len:
+            limit = (f"max_model_len is {self.max_model_len}" if self.max_model_len < self.target.max_length
+                     else f"the context window of {self.model_name!r} is {self.target.max_length} tokens")
             raise SpecDecError(
-                f"prompt of {len(ids)} tokens is too long for {self.model_name!r}, whose context window is "
-                f"{self.target.max_length} tokens (at least one token must remain for the output)"
+                f"prompt of {len(ids)} tokens is too long: {limit} (at least one token must remain for the output)"
             )
         return text, ids
 
-    def _generator(self, params: SamplingParams) -> torch.Generator:
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        return torch.Generator(device=self.device).manual_seed(seed)
+    # ------------------------------------------------------------------ requests
+    def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool) -> _Request:
+        with self._lock:
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            stop_ids = set(params.stop_token_ids or ())
+            if not params.ignore_eos:
+                stop_ids |= self._eos_ids
+            seq = Sequence(
+                request_id=str(next(self._ids)), prompt_ids=prompt_ids, params=params,
+                generator=torch.Generator(device=self.device).manual_seed(seed),
+                max_new_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
+                stop_ids=frozenset(stop_ids),
+            )
+            request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming))
+            self._requests[seq.request_id] = request
+            self.scheduler.add(seq)
+            return request
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its slot; an unknown or finished id is a no-op."""
+        with self._lock:
+            request = self._requests.pop(request_id, None)
+            self.scheduler.abort(request_id)
+            if request is not None:
+                request.done = True
+
+    def _next(self, request: _Request) -> StreamOutput:
+        """The request's next stream output, running steps (for every sequence) until it has one."""
+        while True:
+            with self._lock:
+                if request.error is not None:
+                    raise request.error
+                if request.pending:
+                    return request.pending.popleft()
+                if request.done:
+                    raise SpecDecError(f"request {request.seq.request_id} was aborted")
+                try:
+                    outputs = self.scheduler.step()
+                except BaseException as exc:
+                    self._fail_all(exc)
+                    raise
+                for out in outputs:
+                    self._file(out)
+
+    def _file(self, out: StepOutput) -> None:
+        """Turn a step output into its request's next stream output (text, stop strings)."""
+        request = self._requests.get(out.request_id)
+        if request is None:
+            return
+        tracker = request.tracker
+        kept = tracker.add(out.token_ids)
+        finish_reason = "stop" if tracker.stopped else out.finish_reason
+        finished = finish_reason is not None
+        text = tracker.delta(final=finished) if tracker.streaming else ""
+        request.pending.append(StreamOutput(out.token_ids[:kept], text, finished, finish_reason,
+                                            request.seq.metrics))
+        if finished:
+            request.done = True
+            del self._requests[out.request_id]
+            if not out.finish_reason:  # a stop string ended it before the engine did
+                self.scheduler.abort(out.request_id)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """A step failed: every request in flight fails with the same error; the pool is freed."""
+        for request_id, request in list(self._requests.items()):
+            request.error = exc
+            self.scheduler.abort(request_id)
+        self._requests.clear()
 
     # ------------------------------------------------------------------ generation
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamOutput]:
-        """Yield token ids and text deltas of one prompt as each step completes."""
+        """Yield token ids and text deltas of one prompt as each step completes. Streams of one
+        ``LLM`` may be consumed interleaved; closing one early aborts its request."""
         params = sampling_params or SamplingParams()
-        _, prompt_ids = self.encode_prompt(prompt)
-        tracker = TextTracker(self.tokenizer, params.stop_strings, streaming=True)
-        yield from self._run(prompt_ids, params, tracker)
-
-    def _run(self, prompt_ids: list[int], params: SamplingParams, tracker: TextTracker) -> Iterator[StreamOutput]:
-        metrics = RequestMetrics()
-        for step in self.engine.generate(prompt_ids, params, self._generator(params), metrics):
-            kept = tracker.add(step.token_ids)
-            finish_reason = "stop" if tracker.stopped else step.finish_reason
-            finished = finish_reason is not None
-            text = tracker.delta(final=finished) if tracker.streaming else ""
-            yield StreamOutput(step.token_ids[:kept], text, finished, finish_reason, metrics)
-            if finished:
-                return
+        text, prompt_ids = self.encode_prompt(prompt)
+        request = self._submit(text, prompt_ids, params, streaming=True)
+        try:
+            while True:
+                out = self._next(request)
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not request.done:
+                self.abort(request.seq.request_id)
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompts: Prompt | Sequence_[Prompt],
+        sampling_params: SamplingParams | Sequence_[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for each prompt, in order; ``sampling_params`` is one for all or one per prompt."""
+        """Generate for every prompt, batched (``max_num_seqs`` at a time, the rest queued);
+        outputs in prompt order. ``sampling_params`` is one for all or one per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -182,14 +309,23 @@ class LLM:
                     f"got {len(params_list)} sampling_params for {len(prompts)} prompts; pass one, or one per prompt"
                 )
         encoded = [self.encode_prompt(p) for p in prompts]
+        requests = [self._submit(text, ids, params, streaming=False)
+                    for (text, ids), params in zip(encoded, params_list)]
         results = []
-        for (text, prompt_ids), params in zip(encoded, params_list):
-            tracker = TextTracker(self.tokenizer, params.stop_strings, streaming=False)
-            token_ids: list[int] = []
-            for last in self._run(prompt_ids, params, tracker):
-                token_ids.extend(last.token_ids)
-            request_id = str(self._request_counter)
-            self._request_counter += 1
-            completion = CompletionOutput(0, tracker.finish(), token_ids, last.finish_reason)
-            results.append(RequestOutput(request_id, text, prompt_ids, [completion], True, last.metrics))
+        try:
+            for request in requests:
+                token_ids: list[int] = []
+                while True:
+                    out = self._next(request)
+                    token_ids.extend(out.token_ids)
+                    if out.finished:
+                        break
+                seq = request.seq
+                completion = CompletionOutput(0, request.tracker.finish(), token_ids, out.finish_reason)
+                results.append(RequestOutput(seq.request_id, request.prompt, seq.prompt_ids, [completion], True,
+                                             seq.metrics))
+        finally:
+            for request in requests:
+                if not request.done:
+                    self.abort(request.seq.request_id)
         return results

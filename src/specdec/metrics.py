@@ -1,7 +1,8 @@
-"""Per-request speculative decoding metrics (DESIGN vocabulary: α, τ, drafts, accepted)."""
+"""Speculative decoding metrics per request and per step batch (DESIGN vocabulary: α, τ, drafts, accepted)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 
@@ -94,3 +95,79 @@ class RequestMetrics:
             tokens_per_second=self.tokens_per_second,
         )
         return data
+
+
+@dataclass
+class BatchMetrics:
+    """Counters and timers aggregated over engine steps (all requests together).
+
+    ``num_rows`` sums the batch size of every step (``mean_batch_size`` = rows / steps);
+    times are seconds per stage, summed over steps (CUDA events on a GPU, so each stage's
+    asynchronous work is charged to that stage).
+    """
+
+    num_steps: int = 0
+    num_rows: int = 0
+    num_generated_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    time_prefill: float = 0.0
+    time_drafting: float = 0.0
+    time_target: float = 0.0
+    time_other: float = 0.0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.num_rows / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens emitted per step over the whole batch."""
+        return self.num_generated_tokens / self.num_steps if self.num_steps else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(mean_batch_size=self.mean_batch_size, tokens_per_step=self.tokens_per_step)
+        return data
+
+
+class StageClock:
+    """Times the consecutive stages of a step.
+
+    On CPU each ``lap`` reads ``perf_counter``. On CUDA it records an event, and ``read``
+    turns the events into seconds once the step's results have been read by the host (the
+    events before that point are complete, so reading them adds no wait for GPU work).
+    """
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self._torch = torch
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        self.names: list[str] = []
+
+    def _now(self):
+        if self.cuda:
+            event = self._torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks, self.names = [self._now()], []
+
+    def lap(self, name: str) -> None:
+        """End the stage ``name`` (it began at the previous lap or at ``start``)."""
+        self.marks.append(self._now())
+        self.names.append(name)
+
+    def read(self) -> dict[str, float]:
+        """Seconds per stage name (stages of one name add up)."""
+        out: dict[str, float] = {}
+        if self.cuda:
+            self.marks[-1].synchronize()
+        for name, a, b in zip(self.names, self.marks, self.marks[1:]):
+            seconds = a.elapsed_time(b) / 1000 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + seconds
+        return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -64,32 +65,131 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Turn logits ``[..., V]`` into the sampling distribution ``[..., V]``.
+class SamplingBatch:
+    """Per-row sampling parameters of a batch, and each row's generator.
 
-    Order: temperature, softmax, top-k, top-p, min-p, renormalise. Float64 logits stay
-    float64 (exactness tests); anything else is computed in float32. Greedy parameters
-    give a one-hot distribution on the argmax.
+    ``params[b]`` and ``generators[b]`` belong to row ``b``. Every random number of a row comes
+    from its own generator, in an order that depends on that row alone, so a seeded request
+    samples the same tokens alone or in any batch. The parameters reach the device as tensors
+    (``temperature``, ``top_p``, ``min_p`` ``[B]`` float64, ``top_k`` ``[B]`` int64 with 0 for
+    off, ``greedy`` ``[B]`` bool) only when a sampled row needs them: an all-greedy step copies
+    nothing to the device.
     """
-    work = logits if logits.dtype == torch.float64 else logits.float()
-    if params.greedy:
-        return torch.nn.functional.one_hot(work.argmax(-1), work.shape[-1]).to(work.dtype)
-    probs = torch.softmax(work / params.temperature, dim=-1)
-    if params.top_k > 0 and params.top_k < probs.shape[-1]:
-        kth = torch.topk(probs, params.top_k, dim=-1).values[..., -1:]
-        probs = probs.masked_fill(probs < kth, 0.0)
-    if params.top_p < 1.0:
+
+    def __init__(self, params: list[SamplingParams], generators: list[torch.Generator | None],
+                 device: torch.device) -> None:
+        self.params, self.generators, self.device = list(params), list(generators), device
+        self.greedy_rows = [p.greedy for p in self.params]
+        self.all_greedy = all(self.greedy_rows)
+        self.any_top_k = any(p.top_k > 0 for p in self.params)
+        self.any_top_p = any(p.top_p < 1.0 for p in self.params)
+        self.any_min_p = any(p.min_p > 0.0 for p in self.params)
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
+                    device: torch.device) -> SamplingBatch:
+        return cls(params, generators, device)
+
+    @cached_property
+    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from specdec.models.base import to_device
+
+        floats = to_device([[p.temperature if not p.greedy else 1.0, p.top_p, p.min_p] for p in self.params],
+                           self.device, torch.float64)
+        ints = to_device([[p.top_k if p.top_k > 0 else 0, p.greedy] for p in self.params], self.device)
+        return floats, ints
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self._tensors[0][:, 0]
+
+    @property
+    def top_p(self) -> torch.Tensor:
+        return self._tensors[0][:, 1]
+
+    @property
+    def min_p(self) -> torch.Tensor:
+        return self._tensors[0][:, 2]
+
+    @property
+    def top_k(self) -> torch.Tensor:
+        return self._tensors[1][:, 0]
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self._tensors[1][:, 1].bool()
+
+    def select(self, rows: list[int]) -> SamplingBatch:
+        """The sub-batch of ``rows``."""
+        return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The sampling distribution of each row: logits ``[B, ..., V]`` -> probabilities, same shape.
+
+        Order: temperature, softmax, top-k, top-p, min-p, renormalise (vLLM's and transformers'
+        order). Float64 logits stay float64 (exactness tests); anything else is computed in
+        float32. Greedy rows get a one-hot distribution on the argmax. Ties at the k-th value are
+        kept by top-k.
+        """
+        work = logits if logits.dtype == torch.float64 else logits.float()
+        extra = (1,) * (work.dim() - 2)
+        greedy = torch.nn.functional.one_hot(work.argmax(-1), work.shape[-1]).to(work.dtype)
+        if self.all_greedy:
+            return greedy
+        temperature = self.temperature.to(work.dtype).view(-1, *extra, 1)
+        probs = torch.softmax(work / temperature, dim=-1)
+        if self.any_top_k or self.any_top_p:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            if self.any_top_k:
+                k = torch.where(self.top_k > 0, self.top_k, work.shape[-1]).clamp(max=work.shape[-1])
+                kth = sorted_probs.gather(-1, (k - 1).view(-1, *extra, 1).expand(*sorted_probs.shape[:-1], 1))
+                sorted_probs = sorted_probs.masked_fill(sorted_probs < kth, 0.0)
+            if self.any_top_p:
+                # Renormalise (after top-k) only the rows that use top-p: dividing the others too would
+                # change their last bits with the batch's composition (batch invariance).
+                uses_top_p = (self.top_p < 1.0).view(-1, *extra, 1)
+                sorted_probs = torch.where(uses_top_p, sorted_probs / sorted_probs.sum(-1, keepdim=True), sorted_probs)
+                mass_before = sorted_probs.cumsum(-1) - sorted_probs
+                top_p = torch.where(self.top_p < 1.0, self.top_p, torch.inf).to(work.dtype).view(-1, *extra, 1)
+                sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        if self.any_min_p:
+            threshold = self.min_p.to(work.dtype).view(-1, *extra, 1) * probs.amax(-1, keepdim=True)
+            probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    if params.min_p > 0.0:
-        threshold = params.min_p * probs.amax(-1, keepdim=True)
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    return probs / probs.sum(-1, keepdim=True)
+        return torch.where(self.greedy.view(-1, *extra, 1), greedy, probs)
+
+    def uniforms(self, counts: list[int], width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``[B, width]`` uniforms in [0, 1): row ``b`` draws ``counts[b]`` from its generator (greedy
+        rows and the padding get 0, which accepts exactly the drafts equal to the argmax)."""
+        out = torch.zeros(len(counts), width, device=device, dtype=dtype)
+        for b, (count, gen) in enumerate(zip(counts, self.generators)):
+            if count and not self.greedy_rows[b]:
+                out[b, :count] = torch.rand(count, generator=gen, device=device, dtype=dtype)
+        return out
+
+    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row of ``probs`` ``[B, V]`` -> ``[B]`` int64, exactly distributed as ``probs``.
+
+        The exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. is distributed as ``p``;
+        each row draws its ``E`` from its own generator; greedy rows draw nothing and get the argmax.
+        """
+        return (probs / self.noise(probs)).argmax(-1)
+
+    def noise(self, probs: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` exponential noise for the race (ones for greedy rows), positive."""
+        noise = torch.ones_like(probs)
+        for b, gen in enumerate(self.generators):
+            if not self.greedy_rows[b]:
+                noise[b].exponential_(generator=gen)
+        return noise.clamp_min_(torch.finfo(probs.dtype).tiny)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row of ``probs`` ``[B, V]``; returns ``[B]`` int64."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampling distribution of one request: logits ``[..., V]`` -> probabilities ``[..., V]``
+    (see :meth:`SamplingBatch.probs`)."""
+    batch = SamplingBatch.from_params([params], [None], logits.device)
+    flat = logits.reshape(1, -1, logits.shape[-1])
+    return batch.probs(flat).reshape(logits.shape[:-1] + (logits.shape[-1],)).to(
+        logits.dtype if logits.dtype == torch.float64 else torch.float32
+    )

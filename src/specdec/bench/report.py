@@ -12,36 +12,50 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.harness import OVERALL, REFERENCE, BenchResult, SummaryRow
+from specdec.bench.harness import BenchResult
+from specdec.bench.methods import REFERENCE
+from specdec.bench.summary import OVERALL, SummaryRow
 
 NOTES = (
     "Every method generates exactly max_tokens tokens per turn: end-of-sequence is ignored "
     "(specdec `SamplingParams(ignore_eos=True)`, transformers `eos_token_id=None`), so tokens/s compare like "
     "for like.",
-    "tok/s = generated tokens / wall-clock seconds of the generate calls (prefill included), summed over the "
-    "category; speedup = tok/s / tok/s of specdec plain decoding on the same prompts.",
-    "Methods run in one process on the same prompts, in an order that rotates per prompt, after untimed "
-    "warm-up runs.",
+    "batch = prompts per generate call (the last call of a category may hold fewer). tok/s = throughput: "
+    "generated tokens / wall-clock seconds of the generate calls (prefill included), summed over the category; "
+    "req tok/s = mean over requests of the request's tokens / the seconds of its call; speedup = tok/s / tok/s "
+    "of specdec plain decoding at the same batch size on the same prompts.",
+    "transformers peers run at batch 1 only.",
+    "Methods run in one process on the same prompts, in an order that rotates per group of prompts, after "
+    "untimed warm-up calls at each batch size.",
     "τ = tokens per target step; α = accepted / drafted; c = (time_drafting / drafted tokens) / "
     "(time_target / steps) from specdec's metrics (for draft_model: one draft forward / one target "
     "verification forward), or measured directly where marked.",
     "predicted = (1 - α^(k+1)) / ((1 - α)(k c + 1)); efficiency = speedup / predicted.",
+    "roofline (plain decoding, when the memory bandwidth is known) = parameter bytes × steps/s / bandwidth, "
+    "a step emitting one token per request; KV-cache reads are left out.",
+    "ideal (draft equal to the target, batch 1) = (k+1) / (k + t(k+1)/t(1)), t(n) the median time of one "
+    "n-token target forward.",
     "transformers peers expose no step metrics: τ, α and c are left blank.",
-    "Greedy check: every output is compared token for token with specdec plain greedy output (mismatched / "
-    "checked). In float16/bfloat16 a mismatch can come from kernel numerics flipping a near-tie; rerun in "
-    "float32 or float64 to tell it from a lossy method.",
+    "Greedy check: every output is compared token for token with specdec plain greedy output at the same batch "
+    "size (mismatched / checked). In float16/bfloat16 a mismatch can come from kernel numerics flipping a "
+    "near-tie (random-weight models have many); rerun in float32 or float64 to tell it from a lossy method.",
 )
 
 COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
     ("tok/s", lambda r: _num(r.tokens_per_second, 1)),
+    ("req tok/s", lambda r: _num(r.request_tokens_per_second, 1)),
     ("speedup", lambda r: _num(r.speedup, 2, "x")),
     ("τ", lambda r: _num(r.tau, 2)),
     ("α", lambda r: _num(r.alpha, 3)),
     ("c", lambda r: _num(r.cost_ratio, 3)),
     ("predicted", lambda r: _num(r.predicted_speedup, 2, "x")),
     ("efficiency", lambda r: _num(r.efficiency, 2)),
+    ("roofline", lambda r: _num(None if r.roofline is None else 100 * r.roofline, 1, "%")),
+    ("ideal", lambda r: _num(r.ideal_speedup, 2, "x")),
     ("mismatches", lambda r: "" if r.mismatches is None else f"{r.mismatches}/{r.checked}"),
 )
+OPTIONAL_COLUMNS = {"roofline": lambda r: r.roofline, "ideal": lambda r: r.ideal_speedup}
+"""Columns shown only when some row has a value."""
 
 
 def _num(value: float | None, digits: int, suffix: str = "") -> str:
@@ -59,7 +73,7 @@ def mismatch_warning(result: BenchResult) -> str | None:
     """The WARNING line naming each method whose greedy outputs differ from plain greedy decoding."""
     if not result.mismatches:
         return None
-    checked = {r.label: r.checked for r in result.summary if r.category == OVERALL}
+    checked = result.checked
     parts = ", ".join(f"{label}: {count}/{checked[label]}" for label, count in result.mismatches.items())
     return (
         f"WARNING: greedy outputs differ from plain greedy decoding ({parts} generations); "
@@ -67,62 +81,112 @@ def mismatch_warning(result: BenchResult) -> str | None:
     )
 
 
+def _columns(rows: Sequence[SummaryRow]) -> list[tuple[str, Callable[[SummaryRow], str]]]:
+    shown = {name for name, value in OPTIONAL_COLUMNS.items() if any(value(r) is not None for r in rows)}
+    return [(name, fmt) for name, fmt in COLUMNS if name not in OPTIONAL_COLUMNS or name in shown]
+
+
+def _summary_table(rows: Sequence[SummaryRow], with_category: bool) -> str:
+    columns = _columns(rows)
+    header = ["batch", *(["category"] if with_category else []), "method", *(name for name, _ in columns)]
+    body = [
+        [str(r.batch_size), *([r.category] if with_category else []), r.label, *(fmt(r) for _, fmt in columns)]
+        for r in rows
+    ]
+    return markdown_table(header, body)
+
+
+def _acceptance_table(rows: Sequence[SummaryRow]) -> str:
+    width = max(len(r.acceptance_per_position) for r in rows)
+    body = [
+        [
+            str(r.batch_size),
+            r.label,
+            *(_num(a, 3) for a in r.acceptance_per_position),
+            *([""] * (width - len(r.acceptance_per_position))),
+        ]
+        for r in rows
+    ]
+    return markdown_table(["batch", "method", *(str(i + 1) for i in range(width))], body)
+
+
+def _draft_equals_target_section(result: BenchResult) -> list[str]:
+    """The engine-overhead table: per method whose draft is the target, at batch 1, the ideal ratio from
+    timed target forwards against the measured speedup over plain decoding; also the ratio expected at
+    the measured τ, which separates acceptance lost to rounding (bf16) from the engine's overhead."""
+    seconds = result.calibration.forward_seconds
+    rows = [
+        r
+        for r in result.summary
+        if r.category == OVERALL and r.batch_size == 1 and r.label in result.calibration.ideal_ratios
+    ]
+    if not seconds or not rows:
+        return []
+    body = []
+    for r in rows:
+        cost = seconds[r.k + 1] / seconds[1]
+        at_tau = r.tau / (r.k + cost) if r.tau else None
+        body.append(
+            [
+                r.label,
+                str(r.k),
+                f"{1000 * seconds[1]:.3f}",
+                f"{1000 * seconds[r.k + 1]:.3f}",
+                f"{cost:.3f}",
+                _num(r.ideal_speedup, 3, "x"),
+                _num(r.tau, 2),
+                _num(at_tau, 3, "x"),
+                _num(r.speedup, 3, "x"),
+                _num(r.speedup / r.ideal_speedup if r.speedup and r.ideal_speedup else None, 3),
+                _num(r.speedup / at_tau if r.speedup and at_tau else None, 3),
+            ]
+        )
+    header = ["method", "k", "t(1) ms", "t(k+1) ms", "t(k+1)/t(1)", "ideal", "τ", "ideal at τ", "measured",
+              "measured / ideal", "measured / ideal at τ"]
+    return [
+        "## Draft equal to the target (batch 1)",
+        "",
+        "ideal = (k+1) / (k + t(k+1)/t(1)): k draft forwards and one (k+1)-token verification per k+1 tokens, "
+        "against k+1 plain steps; ideal at τ = τ / (k + t(k+1)/t(1)), the same with the measured tokens per "
+        "step (below k+1 when rounding makes the draft and the verification disagree, or max tokens cuts a "
+        "request's last step); measured = tok/s over plain decoding. measured / ideal at τ is the share the "
+        "engine's overhead leaves.",
+        "",
+        markdown_table(header, body),
+        "",
+    ]
+
+
 def to_markdown(result: BenchResult) -> str:
-    """The report: run description, overall table, per-category table, acceptance by draft position."""
+    """The report: run description, overall table, per-category table, acceptance by draft position,
+    the draft-equals-target comparison when measured."""
     settings = result.settings
     head = [f"{key}: {value}" for key, value in result.info.items() if value is not None]
     head += [
+        f"batch sizes: {', '.join(map(str, settings.batch_sizes))}",
         f"max tokens: {settings.max_tokens}",
         "greedy" if settings.greedy else f"temperature: {settings.temperature}",
         f"seeds: {', '.join(map(str, settings.seeds))}",
         f"repeats: {settings.repeats}",
-        f"warm-up runs: {settings.warmup}",
-        f"generations per method: {sum(1 for m in result.measurements if m.method == REFERENCE)}",
+        f"warm-up calls: {settings.warmup}",
+        f"generations per method and batch size: "
+        f"{sum(1 for m in result.measurements if m.method == REFERENCE and m.batch_size == settings.batch_sizes[0])}",
     ]
-    if result.cost_ratios:
-        head.append("c measured directly (single-token forwards) for: " + ", ".join(result.cost_ratios))
+    if result.calibration.cost_ratios:
+        head.append(
+            "c measured directly (single-token forwards) for: " + ", ".join(result.calibration.cost_ratios)
+        )
     parts = ["# specdec bench", "", " · ".join(head), ""]
 
     overall = [r for r in result.summary if r.category == OVERALL]
-    parts += [
-        "## Overall",
-        "",
-        markdown_table(
-            ["method", *(name for name, _ in COLUMNS)],
-            [[r.label, *(fmt(r) for _, fmt in COLUMNS)] for r in overall],
-        ),
-        "",
-    ]
+    parts += ["## Overall", "", _summary_table(overall, with_category=False), ""]
     per_category = [r for r in result.summary if r.category != OVERALL]
     if len({r.category for r in per_category}) > 1:
-        parts += [
-            "## Per category",
-            "",
-            markdown_table(
-                ["category", "method", *(name for name, _ in COLUMNS)],
-                [[r.category, r.label, *(fmt(r) for _, fmt in COLUMNS)] for r in per_category],
-            ),
-            "",
-        ]
+        parts += ["## Per category", "", _summary_table(per_category, with_category=True), ""]
     with_positions = [r for r in overall if r.acceptance_per_position]
     if with_positions:
-        width = max(len(r.acceptance_per_position) for r in with_positions)
-        parts += [
-            "## Acceptance rate by draft position (overall)",
-            "",
-            markdown_table(
-                ["method", *(str(i + 1) for i in range(width))],
-                [
-                    [
-                        r.label,
-                        *(_num(a, 3) for a in r.acceptance_per_position),
-                        *([""] * (width - len(r.acceptance_per_position))),
-                    ]
-                    for r in with_positions
-                ],
-            ),
-            "",
-        ]
+        parts += ["## Acceptance rate by draft position (overall)", "", _acceptance_table(with_positions), ""]
+    parts += _draft_equals_target_section(result)
     if result.skipped:
         parts += [
             f"Skipped {len(result.skipped)} generations whose prompt plus max tokens exceed the context "
@@ -137,13 +201,14 @@ def to_markdown(result: BenchResult) -> str:
 
 
 def to_json(result: BenchResult) -> dict[str, Any]:
-    """Every raw measurement (per question, turn, method, seed, repeat) plus settings and aggregates."""
+    """Every raw measurement (per question, turn, method, batch size, seed, repeat) plus settings,
+    calibration and aggregates."""
     return {
         "info": result.info,
         "settings": asdict(result.settings),
         "notes": list(NOTES),
         "methods": result.methods,
-        "cost_ratios_direct": result.cost_ratios,
+        "calibration": asdict(result.calibration),
         "mismatches": result.mismatches,
         "summary": [asdict(r) for r in result.summary],
         "skipped": result.skipped,
@@ -151,8 +216,13 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     }
 
 
+def _plot_label(result: BenchResult, row: SummaryRow) -> str:
+    """The method label, with its batch size when several were swept."""
+    return row.label if len(result.settings.batch_sizes) == 1 else f"{row.label} b={row.batch_size}"
+
+
 def plot_speedup(result: BenchResult, path: Path) -> Path | None:
-    """Grouped bars: speedup over plain decoding per category (and overall), one bar per method."""
+    """Grouped bars: speedup over plain decoding per category (and overall), one bar per method and batch size."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -162,8 +232,8 @@ def plot_speedup(result: BenchResult, path: Path) -> Path | None:
     categories = list(dict.fromkeys(r.category for r in rows))
     if len(categories) == 2 and OVERALL in categories:  # one category: "overall" would repeat it
         categories.remove(OVERALL)
-    labels = list(dict.fromkeys(r.label for r in rows))
-    by_key = {(r.category, r.label): r.speedup for r in rows}
+    labels = list(dict.fromkeys(_plot_label(result, r) for r in rows))
+    by_key = {(r.category, _plot_label(result, r)): r.speedup for r in rows}
     width = 0.8 / len(labels)
     palette = colormaps["tab20"]
     figure = Figure(figsize=(max(6.0, 1.2 * len(categories) + 0.25 * len(labels)) + 2.5, 4.5))
@@ -182,7 +252,7 @@ def plot_speedup(result: BenchResult, path: Path) -> Path | None:
 
 
 def plot_acceptance(result: BenchResult, path: Path) -> Path | None:
-    """Acceptance rate by draft position (overall), one line per method that drafts."""
+    """Acceptance rate by draft position (overall), one line per method (and batch size) that drafts."""
     from matplotlib.figure import Figure
 
     rows = [r for r in result.summary if r.category == OVERALL and r.acceptance_per_position]
@@ -192,7 +262,7 @@ def plot_acceptance(result: BenchResult, path: Path) -> Path | None:
     axes = figure.subplots()
     for r in rows:
         positions = range(1, len(r.acceptance_per_position) + 1)
-        axes.plot(positions, r.acceptance_per_position, marker="o", label=r.label)
+        axes.plot(positions, r.acceptance_per_position, marker="o", label=_plot_label(result, r))
     axes.set_xticks(range(1, max(len(r.acceptance_per_position) for r in rows) + 1))
     axes.set_xlabel("draft position")
     axes.set_ylabel("acceptance rate")
@@ -204,15 +274,43 @@ def plot_acceptance(result: BenchResult, path: Path) -> Path | None:
     return path
 
 
+def plot_throughput(result: BenchResult, path: Path) -> Path | None:
+    """Overall throughput against batch size, one line per method that ran at several batch sizes."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in result.summary if r.category == OVERALL and r.tokens_per_second]
+    by_label: dict[str, list[SummaryRow]] = {}
+    for r in rows:
+        by_label.setdefault(r.label, []).append(r)
+    lines = {label: group for label, group in by_label.items() if len(group) > 1}
+    if not lines:
+        return None
+    figure = Figure(figsize=(6.0, 4.5))
+    axes = figure.subplots()
+    for label, group in lines.items():
+        axes.plot([r.batch_size for r in group], [r.tokens_per_second for r in group], marker="o", label=label)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("batch size (prompts per generate call)")
+    axes.set_ylabel("throughput (generated tokens/s)")
+    axes.set_title("Throughput by batch size")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return path
+
+
+PLOTS = {"speedup": plot_speedup, "acceptance": plot_acceptance, "throughput": plot_throughput}
+
+
 def write_report(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``bench.md``, ``bench.json``, ``speedup.png`` and ``acceptance.png`` (plots only with data);
+    """Write ``bench.md``, ``bench.json`` and the plots of :data:`PLOTS` that have data (``<name>.png``);
     returns the paths written, by kind."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {"markdown": out / "bench.md", "json": out / "bench.json"}
     written["markdown"].write_text(to_markdown(result), encoding="utf-8")
     written["json"].write_text(json.dumps(to_json(result), indent=1), encoding="utf-8")
-    for name, plot in (("speedup", plot_speedup), ("acceptance", plot_acceptance)):
+    for name, plot in PLOTS.items():
         path = plot(result, out / f"{name}.png")
         if path is not None:
             written[name] = path

@@ -1,72 +1,56 @@
-"""One runner per benchmarked method, all with the same shape:
-``run(prompt_ids, max_tokens, temperature, seed) -> (token_ids, seconds, metrics | None)``.
+"""One :class:`~specdec.bench.methods.Runner` per benchmarked method: specdec's ``LLM`` (plain
+decoding or any registered drafter, batched) or transformers ``generate`` (batch 1).
 
-Every runner generates exactly ``max_tokens`` tokens (end-of-sequence ignored: specdec's
-``SamplingParams(ignore_eos=True)``, transformers' ``eos_token_id=None``), so tokens/s compare
-like for like. ``seconds`` is the wall-clock time of the whole generate call, prefill included,
-with the device synchronized before and after. All runners share one loaded target model (and
-the transformers peers one loaded assistant), in one dtype on one device.
+Every runner generates exactly ``max_tokens`` tokens per prompt (end-of-sequence ignored:
+specdec's ``SamplingParams(ignore_eos=True)``, transformers' ``eos_token_id=None``), so tokens/s
+compare like for like. ``seconds`` is the wall-clock time of the whole generate call, prefill
+included, with the device synchronized before and after. All runners share one loaded target
+model (and the draft-needing methods one loaded draft), in one dtype on one device.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.bench.harness import MethodSpec
+from specdec.bench.hardware import synchronize
+from specdec.bench.methods import MethodSpec, Runner, RunOutput
 from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
-from specdec.metrics import RequestMetrics
-from specdec.models.base import CachedLM
-from specdec.models.loader import load_hf_model, resolve_device
+from specdec.models.loader import ModelSource, load_hf_model
 from specdec.sampling import SamplingParams
 
-RunOutput = tuple[list[int], float, RequestMetrics | None]
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 # Neutralise logits processors a checkpoint's generation_config may switch on: specdec applies none.
 NEUTRAL_PROCESSING = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Runner(ABC):
-    """Generates for one method; ``spec`` names the method and its k."""
-
-    spec: MethodSpec
-
-    @abstractmethod
-    def run(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float, seed: int) -> RunOutput:
-        """Generate exactly ``max_tokens`` tokens after ``prompt_ids``: (ids, seconds, metrics or None)."""
-
-    @abstractmethod
-    def describe(self) -> dict[str, Any]:
-        """The method's settings, for the JSON report."""
-
-
 class SpecDecRunner(Runner):
-    """specdec's :class:`~specdec.LLM` (plain decoding or a speculative configuration)."""
+    """specdec's :class:`~specdec.LLM` (plain decoding or a speculative configuration): one
+    ``generate`` call per batch of prompts, up to the LLM's ``max_num_seqs``."""
 
     def __init__(self, spec: MethodSpec, llm: LLM) -> None:
         self.spec, self.llm = spec, llm
+        self.max_batch_size = llm.max_num_seqs
 
-    def run(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        if len(prompts) > self.max_batch_size:
+            raise SpecDecError(f"{self.spec.label} takes at most {self.max_batch_size} prompts per call")
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed)
-        _synchronize(self.llm.device)
+        requests = [{"prompt_token_ids": list(ids)} for ids in prompts]
+        synchronize(self.llm.device)
         tic = time.perf_counter()
-        output = self.llm.generate({"prompt_token_ids": list(prompt_ids)}, params)[0]
-        _synchronize(self.llm.device)
-        return output.outputs[0].token_ids, time.perf_counter() - tic, output.metrics
+        outputs = self.llm.generate(requests, params)
+        synchronize(self.llm.device)
+        seconds = time.perf_counter() - tic
+        return RunOutput([o.outputs[0].token_ids for o in outputs], seconds, [o.metrics for o in outputs])
 
     def describe(self) -> dict[str, Any]:
         config = self.llm.speculative_config
@@ -76,6 +60,8 @@ class SpecDecRunner(Runner):
             "method": self.spec.method,
             "k": self.spec.k,
             "library": "specdec",
+            "max_batch_size": self.max_batch_size,
+            "max_model_len": self.llm.max_model_len,
             "target_backend": type(self.llm.target).__name__,
             "speculative_config": None
             if config is None
@@ -93,13 +79,15 @@ def _describe_value(value: Any) -> Any:
 
 
 class HFRunner(Runner):
-    """transformers ``generate``, alone or with an assistant model or prompt lookup.
+    """transformers ``generate`` at batch 1, alone or with an assistant model or prompt lookup.
 
     ``assistant_settings`` are written to the assistant's ``generation_config`` before every call:
     transformers 5.x reads ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` and
     ``assistant_confidence_threshold`` from there (not from ``generate()`` keyword arguments), and
     the heuristic schedule writes its state back there, so re-applying them keeps runs independent.
     """
+
+    max_batch_size = 1
 
     def __init__(
         self,
@@ -113,8 +101,10 @@ class HFRunner(Runner):
         self.generate_kwargs = dict(generate_kwargs or {})
         self.assistant_settings = dict(assistant_settings or {})
 
-    def run(self, prompt_ids: Sequence[int], max_tokens: int, temperature: float, seed: int) -> RunOutput:
-        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        if len(prompts) != 1:
+            raise SpecDecError(f"{self.spec.label} runs one prompt per call, got {len(prompts)}")
+        input_ids = torch.tensor([list(prompts[0])], dtype=torch.long, device=self.model.device)
         kwargs: dict[str, Any] = {
             **NEUTRAL_PROCESSING,
             **self.generate_kwargs,
@@ -130,12 +120,12 @@ class HFRunner(Runner):
             for name, value in self.assistant_settings.items():
                 setattr(self.assistant.generation_config, name, value)
         torch.manual_seed(seed)
-        _synchronize(self.model.device)
+        synchronize(self.model.device)
         tic = time.perf_counter()
         output = self.model.generate(input_ids, **kwargs)
-        _synchronize(self.model.device)
+        synchronize(self.model.device)
         seconds = time.perf_counter() - tic
-        return output[0, input_ids.shape[1] :].tolist(), seconds, None
+        return RunOutput([output[0, input_ids.shape[1] :].tolist()], seconds, [None])
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -144,103 +134,97 @@ class HFRunner(Runner):
             "method": self.spec.method,
             "k": self.spec.k,
             "library": "transformers",
+            "max_batch_size": self.max_batch_size,
             "generate_kwargs": {**NEUTRAL_PROCESSING, **self.generate_kwargs, "eos_token_id": None},
             "assistant_generation_config": self.assistant_settings if self.assistant is not None else None,
         }
 
 
-def build_runners(
-    specs: Sequence[MethodSpec],
-    target: str | Path,
-    draft: str | Path | None,
-    dtype: str | torch.dtype = "auto",
-    device: str | torch.device = "auto",
-    backend: str = "auto",
-    prompt_lookup_max: int = 3,
-    prompt_lookup_min: int = 1,
-    draft_dtype: str | torch.dtype | None = None,
-) -> list[Runner]:
-    """Load the target once (and the draft once) and build a runner per spec.
+@dataclass
+class RunnerOptions:
+    """How the runners run the models.
 
-    The target's dtype is resolved from ``dtype`` by :func:`~specdec.models.loader.resolve_dtype`
-    and used by every target runner; the draft's from ``draft_dtype`` by
-    :func:`~specdec.drafters.draft_model.resolve_draft_dtype`. specdec's draft_model runners and
-    transformers' assistant share the one loaded draft, so both run it in the same dtype.
+    ``tokenizer``: the target's tokenizer folder (None: prompts are token ids only). The draft's dtype
+    comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_model.resolve_draft_dtype`, unless
+    ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
+    ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence).
     """
-    if draft is None and any(spec.kind.needs_draft for spec in specs):
-        needing = sorted({spec.method for spec in specs if spec.kind.needs_draft})
-        raise SpecDecError(f"methods {needing} need a draft model (--draft-model)")
-    device = resolve_device(device)
-    target_model, _ = load_hf_model(str(target), dtype, device)
-    dtype = target_model.dtype
+
+    tokenizer: str | None = None
+    backend: str = "auto"
+    draft_dtype: str | torch.dtype | None = None
+    draft_is_target: bool = False
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 1
+    max_num_seqs: int = 1
+    max_model_len: int | None = None
+
+
+def _peer_runner(
+    spec: MethodSpec, target: PreTrainedModel, assistant: PreTrainedModel | None, options: RunnerOptions
+) -> HFRunner:
+    """The transformers ``generate`` configuration of a peer method (see :data:`~specdec.bench.methods.PEERS`)."""
+    if spec.method == "hf":
+        return HFRunner(spec, target)
+    if spec.method == "hf_assisted":
+        settings = {
+            "num_assistant_tokens": spec.k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+        return HFRunner(spec, target, assistant=assistant, assistant_settings=settings)
+    if spec.method == "hf_assisted_default":
+        loaded = {name: getattr(assistant.generation_config, name, None) for name in ASSISTANT_FIELDS}
+        return HFRunner(spec, target, assistant=assistant, assistant_settings=loaded)
+    if spec.method == "hf_prompt_lookup":
+        kwargs = {"prompt_lookup_num_tokens": spec.k, "max_matching_ngram_size": options.prompt_lookup_max}
+        return HFRunner(spec, target, generate_kwargs=kwargs)
+    raise SpecDecError(f"no transformers runner for method {spec.method!r}")
+
+
+def build_runners(
+    specs: Sequence[MethodSpec], target: PreTrainedModel, draft: ModelSource | None, options: RunnerOptions
+) -> list[Runner]:
+    """Build a runner per spec over the loaded ``target`` (loading the draft once when a method needs it).
+
+    Every specdec method (plain, and each registered drafter through one code path) gets its own
+    ``LLM`` over the shared target, in the target's dtype on its device; a drafter that needs a
+    model gets the shared draft (a folder, hub id or loaded model), which transformers' assistant
+    runs too, in the same dtype.
+    """
+    needs_draft = sorted({spec.method for spec in specs if spec.kind.needs_draft})
+    if needs_draft and draft is None and not options.draft_is_target:
+        raise SpecDecError(f"methods {needs_draft} need a draft model (--draft-model)")
+    dtype, device = target.dtype, target.device
     assistant = None
-    if any(spec.kind.needs_draft for spec in specs):
-        assistant, _ = load_hf_model(str(draft), resolve_draft_dtype(draft_dtype, dtype, device), device)
-    loaded_settings = (
-        {name: getattr(assistant.generation_config, name, None) for name in ASSISTANT_FIELDS}
-        if assistant is not None
-        else {}
-    )
+    if needs_draft:
+        if options.draft_is_target:
+            assistant = target
+        else:
+            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device), device)
+
+    def llm(config: dict[str, Any] | None) -> LLM:
+        return LLM(
+            target, options.tokenizer, config, dtype, device, backend=options.backend,
+            max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
+        )
 
     runners: list[Runner] = []
     for spec in specs:
-        if spec.method == "plain":
-            runners.append(
-                SpecDecRunner(spec, LLM(target_model, str(target), None, dtype, device, backend=backend))
-            )
-        elif spec.method in ("draft_model", "ngram"):
-            config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.k}
-            if spec.method == "draft_model":
-                config["model"] = assistant
-            else:
-                config.update(prompt_lookup_max=prompt_lookup_max, prompt_lookup_min=prompt_lookup_min)
-            llm = LLM(target_model, str(target), config, dtype, device, backend=backend)
-            runners.append(SpecDecRunner(spec, llm))
-        elif spec.method == "hf":
-            runners.append(HFRunner(spec, target_model))
-        elif spec.method == "hf_assisted":
-            settings = {
-                "num_assistant_tokens": spec.k,
-                "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0,
-            }
-            runners.append(HFRunner(spec, target_model, assistant=assistant, assistant_settings=settings))
-        elif spec.method == "hf_assisted_default":
-            runners.append(
-                HFRunner(spec, target_model, assistant=assistant, assistant_settings=loaded_settings)
-            )
-        elif spec.method == "hf_prompt_lookup":
-            kwargs = {"prompt_lookup_num_tokens": spec.k, "max_matching_ngram_size": prompt_lookup_max}
-            runners.append(HFRunner(spec, target_model, generate_kwargs=kwargs))
+        if spec.kind.peer:
+            runners.append(_peer_runner(spec, target, assistant, options))
+        elif not spec.kind.speculative:  # plain decoding
+            runners.append(SpecDecRunner(spec, llm(None)))
         else:
-            raise SpecDecError(f"no runner for method {spec.method!r}")
+            model = assistant if spec.kind.needs_draft else None
+            config = {
+                "method": spec.method,
+                "num_speculative_tokens": spec.k,
+                "model": model,
+                # The draft's dtype is the loaded draft's own, so that a shared model is never converted.
+                "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
+                "prompt_lookup_max": options.prompt_lookup_max,
+                "prompt_lookup_min": options.prompt_lookup_min,
+            }
+            runners.append(SpecDecRunner(spec, llm(config)))
     return runners
-
-
-def forward_seconds(lm: CachedLM, context_ids: Sequence[int], trials: int = 20) -> float:
-    """Median wall-clock time of one single-token forward of ``lm`` after ``context_ids[:-1]`` is cached."""
-    ids = torch.tensor([list(context_ids)], dtype=torch.long, device=lm.device)
-    lm.reset()
-    if ids.shape[1] > 1:
-        lm.forward(ids[:, :-1], num_logits=0)
-    times = []
-    for _ in range(trials):
-        _synchronize(lm.device)
-        tic = time.perf_counter()
-        lm.forward(ids[:, -1:], num_logits=1)
-        _synchronize(lm.device)
-        times.append(time.perf_counter() - tic)
-        lm.crop(ids.shape[1] - 1)
-    lm.reset()
-    return statistics.median(times)
-
-
-def direct_cost_ratio(llm: LLM, context_ids: Sequence[int], trials: int = 20) -> float:
-    """c measured directly: one forward of ``llm``'s draft model over one forward of its target, each a
-    single token after ``context_ids`` (median of ``trials``). ``llm`` must use the draft_model method."""
-    draft = getattr(llm.engine.drafter, "model", None)
-    if not isinstance(draft, CachedLM):
-        raise SpecDecError(
-            "a directly measured cost ratio needs a speculative configuration with a draft model"
-        )
-    return forward_seconds(draft, context_ids, trials) / forward_seconds(llm.target, context_ids, trials)

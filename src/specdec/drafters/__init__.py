@@ -3,7 +3,7 @@
 from specdec.drafters import draft_model, ngram  # noqa: F401  (registration)
 from specdec.drafters.base import (
     DRAFTERS,
-    Draft,
+    DraftBatch,
     Drafter,
     LoadOptions,
     SpeculativeConfig,
@@ -11,4 +11,6 @@ from specdec.drafters.base import (
     register_drafter,
 )
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "LoadOptions", "SpeculativeConfig", "create_drafter", "register_drafter"]
+__all__ = [
+    "DRAFTERS", "DraftBatch", "Drafter", "LoadOptions", "SpeculativeConfig", "create_drafter", "register_drafter",
+]

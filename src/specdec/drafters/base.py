@@ -1,9 +1,9 @@
 """The drafter interface, the speculative configuration and the registry of methods.
 
-A drafter proposes the next draft tokens of one request. The engine calls
-``begin`` once per request, then per step ``propose`` and, after verification, ``observe``.
-It never inspects the drafter's type: class attributes say what a method is, and new
-methods plug in with ``@register_drafter`` without touching the engine.
+A drafter proposes draft tokens for a batch of sequences. The engine never inspects its
+type: class attributes say what a method is, and a new method plugs in with
+``@register_drafter`` without touching the engine, the CLI, the bench or the server, which
+all derive their choices from :data:`DRAFTERS` (the one list of methods).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any, ClassVar
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models.base import CachedLM
+from specdec.models.base import CausalLM, to_device
 from specdec.models.loader import ModelSource
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingBatch
+from specdec.sequence import Sequence
 
 MAX_SPECULATIVE_TOKENS = 64
 
@@ -65,40 +66,57 @@ class SpeculativeConfig:
 
 
 @dataclass
-class Draft:
-    """One step's proposal: ``tokens`` ``[1, k']`` (``k' <= k``, possibly 0) and the
-    distributions ``probs`` ``[1, k', V]`` they were sampled from, or None when the drafter
-    is deterministic or decoding is greedy."""
+class DraftBatch:
+    """One step's proposals for a batch (the chain layout of :mod:`specdec.verify`).
+
+    ``tokens`` ``[B, K]`` int64 on the device (row ``b`` in its first ``num_draft[b]`` columns,
+    the rest padding), ``num_draft`` ``[B]`` host ints, ``probs`` ``[B, K, V]``: the distribution
+    each token was sampled from, or None when the drafter is deterministic.
+    """
 
     tokens: torch.Tensor
+    num_draft: list[int]
     probs: torch.Tensor | None = None
 
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.shape[1]
+    @classmethod
+    def from_lists(cls, rows: list[list[int]], device: torch.device) -> DraftBatch:
+        """A deterministic batch from host token lists (ragged)."""
+        width = max((len(r) for r in rows), default=0)
+        padded = [r + [0] * (width - len(r)) for r in rows]
+        tokens = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
+        return cls(to_device(tokens, device), [len(r) for r in rows])
 
 
 @dataclass
 class LoadOptions:
-    """What a drafter needs to load a model of its own: the target's device, backend and
-    tokenizer (None when the target has none, used to check that they agree). The target's
-    dtype is the loaded target's own, ``target.dtype``."""
+    """What a drafter needs to build its state: the target's device and backend, the
+    target's tokenizer (None when the target has none, used to check that they agree), the
+    engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens) and whether CUDA
+    graphs are off (``enforce_eager``)."""
 
     device: torch.device
     backend: str
+    num_slots: int
+    max_model_len: int
     target_tokenizer: Any = None
+    enforce_eager: bool = False
 
 
 class Drafter(ABC):
-    """Proposes draft tokens for one request at a time.
+    """Proposes draft tokens for a batch of sequences.
 
-    ``context`` is always the committed token ids of the request (prompt and generated),
-    the last one being the pending token that the target has not yet cached.
+    The engine calls ``add`` when sequences start (the drafter absorbs their prompts), then
+    every step ``propose`` and, after verification, ``observe``; ``release`` when a sequence
+    finishes or is aborted. State is keyed by the sequence (its ``request_id`` or ``slot``),
+    never by position in the batch. A sequence's ``token_ids`` is its committed context, the
+    last token being the pending token that the target has not cached yet.
     """
 
     method: ClassVar[str]
-    #: True when drafts are not sampled (``Draft.probs`` is None): verified with a one-hot ``q``.
-    deterministic: ClassVar[bool]
+    #: One line for CLI help and benchmark reports.
+    description: ClassVar[str]
+    #: Whether the method needs ``speculative_config["model"]`` (a draft model).
+    needs_model: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -106,21 +124,25 @@ class Drafter(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, config: SpeculativeConfig, target: CachedLM, options: LoadOptions) -> Drafter:
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> Drafter:
         """Build the drafter for ``target``, loading whatever it needs."""
 
     @abstractmethod
-    def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
-        """Start a request: reset state and absorb the prompt."""
+    def add(self, seqs: list[Sequence]) -> None:
+        """Start sequences (their ``slot`` is set): absorb their prompts."""
 
     @abstractmethod
-    def propose(self, context: list[int], k: int) -> Draft:
-        """Propose up to ``k`` tokens that follow ``context``."""
+    def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
+        """Propose up to ``ks[b]`` tokens after ``seqs[b].token_ids`` for each row; ``sampling``
+        holds the rows' parameters and generators."""
 
     @abstractmethod
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        """Learn the outcome of the last step: ``num_accepted`` drafts were kept and ``context`` is
-        the new committed sequence. Roll back any state built on rejected drafts."""
+    def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
+        """Learn the step's outcome: ``num_accepted[b]`` drafts of row ``b`` were kept and
+        ``token_ids`` is the new committed context. Roll back any state built on rejected drafts."""
+
+    def release(self, seq: Sequence) -> None:  # noqa: B027 - stateless drafters keep nothing
+        """Forget a finished or aborted sequence."""
 
 
 DRAFTERS: dict[str, type[Drafter]] = {}
@@ -132,5 +154,5 @@ def register_drafter(cls: type[Drafter]) -> type[Drafter]:
     return cls
 
 
-def create_drafter(config: SpeculativeConfig, target: CachedLM, options: LoadOptions) -> Drafter:
+def create_drafter(config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> Drafter:
     return DRAFTERS[config.method].from_config(config, target, options)

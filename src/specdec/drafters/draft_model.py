@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter, LoadOptions, SpeculativeConfig, register_drafter
+from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
 from specdec.errors import SpecDecError
-from specdec.models.base import CachedLM
-from specdec.models.loader import load_cached_lm, load_tokenizer, resolve_dtype
-from specdec.sampling import SamplingParams, logits_to_probs, sample
+from specdec.models.base import CausalLM, ForwardBatch, to_device
+from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
+from specdec.sampling import SamplingBatch
+from specdec.sequence import Sequence
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -27,21 +28,24 @@ def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch
 
 @register_drafter
 class DraftModelDrafter(Drafter):
-    """Runs the draft model autoregressively for k tokens per step.
+    """Runs a smaller causal LM autoregressively: one batched forward per draft position.
 
-    Its cache follows the target's invariant: it holds a prefix of the committed context,
-    plus the drafts of the current step. ``propose`` first feeds the committed tokens it has
-    not cached yet (the pending token, and after a fully accepted step the last draft too),
-    and ``observe`` crops away the drafts that were rejected.
+    The draft model has its own KV pool, slot for slot the target's, under the target's
+    invariant: a slot holds a prefix of the committed context, plus the drafts of the
+    current step. ``propose`` first feeds each row's committed tokens not cached yet (the
+    pending token; after a fully accepted step the last draft too; more after a step the row
+    skipped), then one token per row per draft position; ``observe`` rolls back the drafts
+    that were rejected. A row draws from its generator only for its own ``ks[b]`` drafts.
     """
 
     method = "draft_model"
-    deterministic = False
+    description = "draft model: a smaller LM with the target's vocabulary samples k tokens"
+    needs_model = True
 
-    def __init__(self, model: CachedLM) -> None:
+    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int) -> None:
         self.model = model
-        self.params = SamplingParams()
-        self.generator: torch.Generator | None = None
+        self.capacity = min(max_model_len, model.max_length)
+        self.cache = model.new_cache(num_slots, self.capacity)
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -49,9 +53,10 @@ class DraftModelDrafter(Drafter):
             raise SpecDecError("speculative method 'draft_model' needs a draft 'model' (a folder or hub id)")
 
     @classmethod
-    def from_config(cls, config: SpeculativeConfig, target: CachedLM, options: LoadOptions) -> DraftModelDrafter:
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> DraftModelDrafter:
         dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
-        model = load_cached_lm(config.model, dtype=dtype, device=options.device, backend=options.backend)
+        model = load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
+                               enforce_eager=options.enforce_eager)
         if model.vocab_size != target.vocab_size:
             raise SpecDecError(
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "
@@ -64,35 +69,63 @@ class DraftModelDrafter(Drafter):
                     f"the draft model {model.name!r} uses a different tokenizer vocabulary from the target "
                     f"{target.name!r}; the draft and the target must share a vocabulary"
                 )
-        return cls(model)
+        return cls(model, options.num_slots, options.max_model_len)
 
-    def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
-        self.params, self.generator = params, generator
-        self.model.reset()
-        if len(prompt_ids) > 1:
-            self._feed(prompt_ids[:-1], num_logits=0)
+    def add(self, seqs: list[Sequence]) -> None:
+        """Prefill the prompts but their pending token (prompts longer than the draft's context are
+        left for ``propose`` to skip)."""
+        rows = [s for s in seqs if 1 < len(s.prompt_ids) <= self.capacity]
+        for s in seqs:
+            self.cache.release(s.slot)
+        if rows:
+            batch = ForwardBatch.from_rows([s.prompt_ids[:-1] for s in rows], [0] * len(rows),
+                                           [s.slot for s in rows], self.model.device, logits="none")
+            self.model.forward(batch, self.cache)
 
-    def _feed(self, token_ids: list[int], num_logits: int) -> torch.Tensor:
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)
-        return self.model.forward(ids, num_logits=num_logits)
-
-    def propose(self, context: list[int], k: int) -> Draft:
-        k = min(k, self.model.max_length - len(context))
-        if k <= 0:
-            return Draft(torch.empty(1, 0, dtype=torch.long, device=self.model.device))
-        logits = self._feed(context[self.model.length:], num_logits=1)[:, -1]
-        tokens, probs = [], []
-        for i in range(k):
-            if self.params.greedy:
+    def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
+        # A row drafts at most what its slot can still hold: the context so far plus k - 1 drafts.
+        ks = [max(0, min(k, self.capacity + 1 - len(s.token_ids))) for s, k in zip(seqs, ks)]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        width = max(ks, default=0)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=self.model.device)
+        if not active:
+            return DraftBatch(tokens, ks)
+        rows = sampling.select(active) if len(active) < len(seqs) else sampling
+        cached = [self.cache.lengths[seqs[b].slot] for b in active]
+        batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
+                                       [seqs[b].slot for b in active], self.model.device, logits="last")
+        logits = self.model.forward(batch, self.cache).logits
+        index = to_device(active, self.model.device)
+        probs = None
+        if not rows.all_greedy:
+            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+        for i in range(width):
+            # Every row in ``active`` drafts its token i.
+            if probs is None:
                 token = logits.argmax(-1)
             else:
-                q = logits_to_probs(logits, self.params)
-                token = sample(q, self.generator)
-                probs.append(q)
-            tokens.append(token)
-            if i + 1 < k:
-                logits = self.model.forward(token.view(1, 1))[:, -1]
-        return Draft(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+                q = rows.probs(logits)
+                token = rows.sample(q)
+                probs[index, i] = q
+            tokens[index, i] = token
+            still = [j for j, b in enumerate(active) if ks[b] > i + 1]
+            if not still:
+                break
+            if len(still) < len(active):
+                keep = to_device(still, self.model.device)
+                token, index, rows = token[keep], index[keep], rows.select(still)
+                active = [active[j] for j in still]
+            slots = [seqs[b].slot for b in active]
+            positions = to_device([self.cache.lengths[s] for s in slots], self.model.device)
+            step = ForwardBatch(token, positions, slots, list(range(len(slots) + 1)))
+            logits = self.model.forward(step, self.cache).logits
+        return DraftBatch(tokens, ks, probs)
 
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        self.model.crop(min(self.model.length, len(context) - 1))
+    def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
+        for s in seqs:
+            slot = s.slot
+            self.cache.set_length(slot, min(self.cache.lengths[slot], len(s.token_ids) - 1))
+
+    def release(self, seq: Sequence) -> None:
+        self.cache.release(seq.slot)

@@ -1,6 +1,6 @@
-"""Causal LMs with a KV cache that can be rolled back: the interface and its backends."""
+"""Causal LMs over a pool of rollback-able KV slots: the contract and its backends."""
 
-from specdec.models.base import CachedLM
-from specdec.models.loader import load_cached_lm
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache
+from specdec.models.loader import load_causal_lm
 
-__all__ = ["CachedLM", "load_cached_lm"]
+__all__ = ["CausalLM", "ForwardBatch", "ForwardOutput", "KVCache", "load_causal_lm"]

@@ -1,24 +1,134 @@
-"""The interface every model backend implements: a causal LM that owns one KV cache.
+"""The model contract every backend implements: one batched forward over a pool of KV slots.
 
-The cache holds keys and values for the first ``length`` tokens of the current sequence.
-``forward`` appends tokens at positions ``length .. length+T-1`` and returns their logits;
-``crop`` rolls the cache back to a shorter prefix. Rolling back is what makes speculation
-cheap: rejected draft tokens are forgotten without recomputing the accepted ones.
+Terms (shapes are the point):
+
+- ``B`` rows: the sequences of one forward. Row ``b`` owns slot ``slots[b]`` of the KV cache.
+- ``N`` new tokens, flat: row ``b``'s tokens are ``input_ids[cu_seqlens[b]:cu_seqlens[b+1]]``
+  (ragged: every row may feed a different number of tokens, at least one).
+- ``positions`` ``[N]``: the rotary/absolute position of each new token. For a chain they
+  are ``L_b, L_b+1, ...`` where ``L_b`` is the slot's cached length; for a tree, each node's
+  depth below ``L_b``.
+- cache index: new token ``i`` of row ``b`` is written at index ``L_b + i`` of its slot, in
+  feeding order, whatever its position; afterwards the slot's length is ``L_b + n_b``.
+- ``tree_mask`` ``[N, T_max]`` bool or None: ``tree_mask[n, j]`` says whether new token ``n``
+  attends to new token ``j`` of its own row (``T_max`` the longest row). None is a causal
+  chain. Every token always attends to the slot's ``L_b`` committed entries.
+- ``logits_rows`` ``[M]``: flat indices (into ``N``) whose logits are returned; None is all
+  ``N``; an empty tensor skips the output head (a prefill).
+- ``hidden_layers``: indices into transformers' ``hidden_states`` tuple (0 the embeddings,
+  ``i`` the output of layer ``i``, ``-1`` the final, normed one) returned for the same rows.
+
+Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
+forgotten without touching the accepted ones.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 
-class CachedLM(ABC):
-    """A causal LM plus its KV cache for one sequence (batch size 1).
+def to_device(values: list | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list or CPU tensor on ``device`` without a host sync: through pinned memory on
+    CUDA (a copy from pageable memory would wait for the device to finish its queue)."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@dataclass
+class ForwardBatch:
+    """The inputs of one forward (see the module docstring for every term).
+
+    ``input_ids`` and ``positions`` ``[N]`` int64 on the model's device; ``slots`` and
+    ``cu_seqlens`` (``B`` and ``B+1`` ints) on the host, since they decide shapes.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: list[int]
+    cu_seqlens: list[int]
+    tree_mask: torch.Tensor | None = None
+    logits_rows: torch.Tensor | None = None
+    hidden_layers: tuple[int, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.slots)
+
+    @property
+    def num_tokens(self) -> list[int]:
+        """Tokens fed per row, ``[B]``."""
+        return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:])]
+
+    @classmethod
+    def from_rows(
+        cls, rows: Sequence[Sequence[int]], starts: Sequence[int], slots: Sequence[int], device: torch.device,
+        logits: str = "all",
+    ) -> ForwardBatch:
+        """A chain batch from host token lists: row ``b`` feeds ``rows[b]`` at positions
+        ``starts[b]..``. ``logits``: ``"all"``, ``"last"`` (each row's last token) or ``"none"``."""
+        cu = [0]
+        flat: list[int] = []
+        pos: list[int] = []
+        for tokens, start in zip(rows, starts):
+            flat.extend(tokens)
+            pos.extend(range(start, start + len(tokens)))
+            cu.append(len(flat))
+        data = to_device([flat, pos], device)
+        if logits == "last":
+            wanted = to_device([c - 1 for c in cu[1:]], device)
+        elif logits == "none":
+            wanted = torch.empty(0, dtype=torch.long, device=device)
+        else:
+            wanted = None
+        return cls(data[0], data[1], list(slots), cu, logits_rows=wanted)
+
+
+@dataclass
+class ForwardOutput:
+    """``logits`` ``[M, V]`` of the wanted rows; ``hidden`` ``[M, len(hidden_layers), H]`` or None."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@dataclass
+class KVCache(ABC):
+    """A pool of ``num_slots`` sequences' keys and values, ``capacity`` tokens each.
+
+    ``lengths[s]`` is the number of tokens cached in slot ``s`` (host ints: they decide
+    shapes and are known after every step's one read of the verified tokens).
+    """
+
+    num_slots: int
+    capacity: int
+    lengths: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = [0] * self.num_slots
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Roll slot ``slot`` back to its first ``length`` tokens (``length <= lengths[slot]``)."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll slot {slot} of {self.lengths[slot]} tokens back to {length}")
+        self.lengths[slot] = length
+
+    def release(self, slot: int) -> None:
+        """Forget slot ``slot`` (its sequence finished or was aborted)."""
+        self.set_length(slot, 0)
+
+
+class CausalLM(ABC):
+    """A causal LM backend: builds its KV pool and runs the batched forward over it.
 
     Attributes set by each backend: ``vocab_size`` (logit width), ``max_length`` (context
-    window in tokens), ``device``, ``dtype`` and ``name`` (the model's folder or id, for
-    messages).
+    window in tokens), ``device``, ``dtype``, ``name`` (folder or id, for messages),
+    ``config`` (the transformers config) and ``supports_tree_mask``.
     """
 
     vocab_size: int
@@ -26,24 +136,22 @@ class CachedLM(ABC):
     device: torch.device
     dtype: torch.dtype
     name: str
-
-    @property
-    @abstractmethod
-    def length(self) -> int:
-        """Number of tokens whose keys and values are cached."""
+    supports_tree_mask: bool = False
 
     @abstractmethod
-    def reset(self) -> None:
-        """Forget the cached sequence (start of a new request)."""
+    def new_cache(self, num_slots: int, capacity: int) -> KVCache:
+        """Allocate the KV pool once: ``num_slots`` slots of ``capacity`` tokens."""
 
     @abstractmethod
-    def forward(self, input_ids: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        """Append ``input_ids`` ``[1, T]`` to the cache and return logits ``[1, n, V]``.
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> ForwardOutput:
+        """Write the batch's keys and values into its slots, advance their lengths and return
+        the wanted logits (and hidden states)."""
 
-        ``n`` is ``T`` when ``num_logits`` is None, else the last ``num_logits`` positions
-        (0 returns an empty tensor and skips the output head: a prefill).
-        """
-
-    @abstractmethod
-    def crop(self, length: int) -> None:
-        """Roll the cache back to its first ``length`` tokens (``length <= self.length``)."""
+    def check_fits(self, batch: ForwardBatch, cache: KVCache) -> None:
+        """Raise ValueError when a row would write past its slot's capacity."""
+        for slot, count in zip(batch.slots, batch.num_tokens):
+            if cache.lengths[slot] + count > cache.capacity:
+                raise ValueError(
+                    f"{self.name}: slot {slot} holds {cache.lengths[slot]} tokens and cannot take {count} more "
+                    f"(capacity {cache.capacity})"
+                )

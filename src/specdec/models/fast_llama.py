@@ -1,9 +1,16 @@
-"""A fast backend for the Llama family (Llama, Qwen2): a static KV cache and a lean forward.
+"""A fast backend for the Llama family (Llama, Qwen2, Mistral without a sliding window).
 
 It reads the weights of a loaded transformers model (no forked modeling file, no copy of
 the weights beyond fusing q/k/v and gate/up projections) and runs the same arithmetic as
-transformers' eager forward with far fewer Python calls per layer. The cache is a
-preallocated tensor per layer; rollback (``crop``) only moves the length, as in gpt-fast.
+transformers' eager forward with far fewer Python calls per layer, over a preallocated
+:class:`StaticKVPool`: rollback only moves a slot's length, as in gpt-fast.
+
+The ragged batch of :class:`~specdec.models.base.ForwardBatch` is laid out as a padded
+``[R, T]`` :class:`Grid` (``T`` the longest row) for the matrix work; padding cells are
+computed but write only to a scratch column of the cache and are never returned. On CUDA,
+chain forwards of up to 16 tokens per row replay captured graphs (:mod:`.cuda_graphs`)
+unless the model was loaded with ``enforce_eager``; attention always spans a bucketed cache
+length with a mask, so its cost and plan do not follow every new length.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specdec.models.base import CachedLM
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
+from specdec.models.cuda_graphs import GraphSet, graph_shape, replay
 from specdec.models.hf import context_window
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 def unsupported_reason(config) -> str | None:
@@ -26,12 +34,60 @@ def unsupported_reason(config) -> str | None:
         return f"model type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r} is not silu"
-    if getattr(config, "use_sliding_window", False):
+    if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
         return "sliding-window attention is not supported"
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") in ("dynamic", "longrope"):
         return f"rope type {rope['rope_type']!r} depends on the sequence length"
     return None
+
+
+@dataclass
+class StaticKVPool(KVCache):
+    """Keys and values per layer, ``[num_slots, kv_heads, capacity, head_dim]``, zero-filled
+    once (never garbage: masked-out entries must stay finite for the attention kernels)."""
+
+    keys: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
+    graphs: GraphSet | None = None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
+
+
+def attention_inputs(
+    x: torch.Tensor, norm: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int, num_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Norm, fused q/k/v projection and rotary embedding of ``x`` ``[R, T, H]``: returns ``q``
+    ``[R, heads, T, head_dim]`` and the new keys and values ``[R*T, kv_heads, head_dim]``."""
+    rows, width = x.shape[:2]
+    head_dim = cos.shape[-1]
+    qkv = F.linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
+    qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split(
+        (num_heads + num_kv_heads, num_kv_heads), dim=1)
+    # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]
+    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
+    q, k = qk.split((num_heads, num_kv_heads), dim=1)
+    new_k = k.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim)
+    return q, new_k, v.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim)
+
+
+def attention_output_and_mlp(
+    x: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None, norm: torch.Tensor,
+    gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor,
+    down_bias: torch.Tensor | None, eps: float,
+) -> torch.Tensor:
+    """The rest of a decoder layer: output projection and residual, norm, SwiGLU MLP and residual.
+    ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``."""
+    rows, width = x.shape[:2]
+    x = x + F.linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
+    gate, up = F.linear(rms_norm(x, norm, eps), gate_up_weight, gate_up_bias).chunk(2, -1)
+    return x + F.linear(F.silu(gate) * up, down_weight, down_bias)
 
 
 @dataclass
@@ -54,16 +110,56 @@ def _cat_bias(*modules: torch.nn.Linear) -> torch.Tensor | None:
     return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
 
 
-class FastLlamaLM(CachedLM):
-    """Static-cache forward for ``LlamaForCausalLM``/``Qwen2ForCausalLM`` weights."""
+@dataclass
+class Grid:
+    """The padded ``[R, T]`` grid one forward computes, as device tensors.
 
-    def __init__(self, model: PreTrainedModel, name: str) -> None:
+    ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_slot`` and
+    ``write_index`` ``[R*T]``: the cache cell of each grid cell (padding cells write to their
+    slot's scratch column, index ``capacity``, which is never attended), ``starts`` ``[R]``: the
+    cached length of each row before the forward. ``key_len`` ``K``: cache entries attended to;
+    ``mask`` ``[R, 1, T, K]`` or None (then the causal chain mask is derived from ``starts``;
+    with ``R = T = 1`` and ``K`` exact no mask is needed). ``first_slot``: rows are slots
+    ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
+    """
+
+    rows: int
+    width: int
+    key_len: int
+    ids: torch.Tensor
+    positions: torch.Tensor
+    write_slot: torch.Tensor
+    write_index: torch.Tensor
+    starts: torch.Tensor
+    slots: torch.Tensor | None
+    first_slot: int | None
+    mask: torch.Tensor | None = None
+    needs_mask: bool = True
+
+
+class FastLlamaLM(CausalLM):
+    """Batched static-pool forward for ``LlamaForCausalLM``-shaped weights."""
+
+    supports_tree_mask = True
+
+    def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False) -> None:
         config = model.config
         self.config = config
         self.name = name
         self.device = model.device
         self.dtype = model.dtype
         self.max_length = context_window(config)
+        self.use_cuda_graphs = use_cuda_graphs and self.device.type == "cuda"
+        # Under CUDA graphs the element-wise work between the matrix products is fused by
+        # torch.compile (one compile per function, dynamic shapes): a few kernels per layer
+        # instead of about thirty, which is what a small model's graph replay is made of.
+        self._attention_inputs, self._attention_output_and_mlp = attention_inputs, attention_output_and_mlp
+        if self.use_cuda_graphs:
+            # One compiled function serves every model of the process (a draft and its target
+            # differ in width): allow a recompile per model and dtype.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._attention_inputs = torch.compile(attention_inputs, dynamic=True, fullgraph=True)
+            self._attention_output_and_mlp = torch.compile(attention_output_and_mlp, dynamic=True, fullgraph=True)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -100,81 +196,143 @@ class FastLlamaLM(CachedLM):
         half = self.head_dim // 2
         self.cos = cos[0]
         self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
-        self._capacity = 0
-        self._keys: list[torch.Tensor] = []
-        self._values: list[torch.Tensor] = []
-        self._length = 0
 
     @property
-    def length(self) -> int:
-        return self._length
+    def parameter_bytes(self) -> int:
+        """Bytes of weights read by one forward (embedding rows excluded, the output head included)."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
-    def reset(self) -> None:
-        self._length = 0
+    def new_cache(self, num_slots: int, capacity: int) -> StaticKVPool:
+        # One scratch column past ``capacity`` takes the writes of padding cells.
+        shape = (num_slots, self.num_kv_heads, capacity + 1, self.head_dim)
 
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot crop a cache of {self._length} tokens to {length}")
-        self._length = length
+        def zeros() -> list[torch.Tensor]:
+            return [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
 
-    def _reserve(self, needed: int) -> None:
-        """Grow the preallocated cache (doubling, capped at the context window) to hold ``needed`` tokens."""
-        if needed <= self._capacity:
-            return
-        capacity = min(self.max_length, max(needed, 2 * self._capacity, 256))
-        shape = (1, self.num_kv_heads, capacity, self.head_dim)
-        keys, values = [], []
-        for i in range(len(self.layers)):
-            k = torch.empty(shape, device=self.device, dtype=self.dtype)
-            v = torch.empty(shape, device=self.device, dtype=self.dtype)
-            if self._capacity:
-                k[:, :, : self._length] = self._keys[i][:, :, : self._length]
-                v[:, :, : self._length] = self._values[i][:, :, : self._length]
-            keys.append(k)
-            values.append(v)
-        self._keys, self._values, self._capacity = keys, values, capacity
+        return StaticKVPool(num_slots, capacity, keys=zeros(), values=zeros())
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype.
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, weight.shape, weight, self.eps)
-        return weight * F.rms_norm(x.float(), weight.shape, None, self.eps).to(x.dtype)
+    def key_bucket(self, needed: int, capacity: int) -> int:
+        """Attended cache length on CUDA: a power of two >= 256 (capped at ``capacity``), so that a
+        few shapes (and captured graphs, and attention plans) serve every length."""
+        if self.device.type != "cuda":
+            return needed
+        return min(capacity, max(256, 1 << (needed - 1).bit_length()))
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        start, steps = self._length, input_ids.shape[1]
-        end = start + steps
-        if end > self.max_length:
-            raise ValueError(f"{self.name}: {end} tokens exceed the context window of {self.max_length}")
-        self._reserve(end)
-        cos, sin = self.cos[start:end], self.sin_signed[start:end]
-        if steps == 1:
-            mask = None
-        else:
-            rows = torch.arange(start, end, device=self.device)[:, None]
-            mask = torch.arange(end, device=self.device)[None, :] <= rows
-        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(input_ids, self.embed)
+    def grid(self, batch: ForwardBatch, cache: StaticKVPool) -> tuple[Grid, torch.Tensor]:
+        """Lay a ragged batch out as a :class:`Grid` (rows = the batch's rows); also returns the
+        grid cell of every flat token, ``[N]``."""
+        device, counts, slots = self.device, batch.num_tokens, batch.slots
+        starts = [cache.lengths[s] for s in slots]
+        rows, width = len(counts), max(counts)
+        cells = [b * width + t for b, c in enumerate(counts) for t in range(c)]
+        write_slot = [s for s in slots for _ in range(width)]
+        write_index = [start + t if t < c else cache.capacity
+                       for start, c in zip(starts, counts) for t in range(width)]
+        host = to_device(write_slot + write_index, device)
+        small = to_device(cells + starts + list(slots), device)
+        n = len(cells)
+        cell_index, starts_t, slots_t = small[:n], small[n : n + rows], small[n + rows :]
+        dense = n == rows * width
+        ids, positions = batch.input_ids, batch.positions
+        if not dense:
+            ids = ids.new_zeros(rows * width).index_copy_(0, cell_index, ids)
+            positions = positions.new_zeros(rows * width).index_copy_(0, cell_index, positions)
+        needed = max(s + c for s, c in zip(starts, counts))
+        single = rows == 1 and width == 1 and batch.tree_mask is None
+        key_len = self.key_bucket(needed, cache.capacity)
+        first = slots[0]
+        g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[: rows * width],
+                 host[rows * width :], starts_t, slots_t,
+                 first if list(slots) == list(range(first, first + rows)) else None,
+                 needs_mask=not (single and key_len == needed))
+        if batch.tree_mask is not None:
+            g.mask = self._tree_mask(batch.tree_mask, cell_index, g)
+        return g, cell_index
+
+    def _tree_mask(self, tree_mask: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> torch.Tensor:
+        """``[R, 1, T, K]``: the committed context, plus the new tokens the tree lets each token see."""
+        rows, width = g.rows, g.width
+        tree = tree_mask.new_zeros(rows * width, width)
+        tree[cell_index] = tree_mask[:, :width]
+        tree[:, 0] |= True  # padding cells see something (their output is never used)
+        rel = torch.arange(g.key_len, device=self.device)[None, None, :] - g.starts[:, None, None]
+        inside = (rel >= 0) & (rel < width)
+        bits = tree.view(rows, width, width).gather(2, rel.clamp(0, width - 1).expand(rows, width, -1))
+        return ((rel < 0) | (inside & bits))[:, None]
+
+    def _chain_mask(self, g: Grid) -> torch.Tensor:
+        key = torch.arange(g.key_len, device=self.device)[None, None, :]
+        query = torch.arange(g.width, device=self.device)[None, :, None]
+        return (key <= g.starts[:, None, None] + query)[:, None]
+
+    def _cached(self, pool: torch.Tensor, g: Grid) -> torch.Tensor:
+        """The attended cache of the grid's rows, ``[R, kv_heads, K, head_dim]``."""
+        if g.first_slot is not None:
+            return pool[g.first_slot : g.first_slot + g.rows, :, : g.key_len]
+        return pool.index_select(0, g.slots)[:, :, : g.key_len]
+
+    def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset()
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The layers over a grid: writes keys and values, returns the last layer's output
+        ``[R*T, H]`` (before the final norm) and the hidden states of ``hidden_wanted`` layers.
+        Pure device work with static shapes for a given (R, T, K): capturable as a CUDA graph."""
+        rows, width = g.rows, g.width
+        nh, nkv = self.num_heads, self.num_kv_heads
+        cos, sin = self.cos[g.positions][:, None], self.sin_signed[g.positions][:, None]
+        mask = g.mask if g.mask is not None or not g.needs_mask else self._chain_mask(g)
+        x = F.embedding(g.ids, self.embed).view(rows, width, -1)
+        hidden = {0: x} if 0 in hidden_wanted else {}
         for i, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.input_norm)
-            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)
-            qk, v = qkv.view(1, steps, nh + 2 * nkv, hd).transpose(1, 2).split((nh + nkv, nkv), dim=1)
-            qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin
-            q, k = qk.split((nh, nkv), dim=1)
-            keys, values = self._keys[i], self._values[i]
-            keys[:, :, start:end] = k
-            values[:, :, start:end] = v
+            q, new_k, new_v = self._attention_inputs(x, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin,
+                                                     self.eps, nh, nkv)
+            keys, values = cache.keys[i], cache.values[i]
+            keys[g.write_slot, :, g.write_index] = new_k
+            values[g.write_slot, :, g.write_index] = new_v
             attn = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=self.scale,
+                q, self._cached(keys, g), self._cached(values, g), attn_mask=mask, scale=self.scale,
                 enable_gqa=nkv != nh,
             )
-            x = x + F.linear(attn.transpose(1, 2).reshape(1, steps, nh * hd), layer.o_weight, layer.o_bias)
-            h = self._rms_norm(x, layer.post_norm)
-            gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_weight, layer.down_bias)
-        self._length = end
-        if num_logits == 0:
-            return x.new_empty(1, 0, self.vocab_size)
-        if num_logits is not None:
-            x = x[:, -num_logits:]
-        return F.linear(self._rms_norm(x, self.final_norm), self.lm_head)
+            x = self._attention_output_and_mlp(x, attn, layer.o_weight, layer.o_bias, layer.post_norm,
+                                               layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
+                                               layer.down_bias, self.eps)
+            if i + 1 in hidden_wanted:
+                hidden[i + 1] = x
+        return x.view(rows * width, -1), hidden
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output head: ``[M, H]`` -> logits ``[M, V]``."""
+        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
+        self.check_fits(batch, cache)
+        shape = graph_shape(self, batch, cache) if self.use_cuda_graphs else None
+        if shape is not None:
+            if cache.graphs is None:
+                cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
+            logits, cell_index = replay(self, batch, cache, shape)
+            for slot, count in zip(batch.slots, batch.num_tokens):
+                cache.lengths[slot] += count
+            wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
+            return ForwardOutput(logits[wanted])
+        g, cell_index = self.grid(batch, cache)
+        final = len(self.layers)
+        wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
+        x, hidden = self.compute(g, cache, frozenset(i for i in wanted_layers if i < final))
+        for slot, count in zip(batch.slots, batch.num_tokens):
+            cache.lengths[slot] += count
+        wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
+        if wanted.numel() == 0:
+            return ForwardOutput(x.new_empty(0, self.vocab_size))
+        last = x[wanted]
+        out_hidden = None
+        if wanted_layers:
+            normed = rms_norm(last, self.final_norm, self.eps)
+            out_hidden = torch.stack(
+                [normed if i == final else hidden[i].reshape(g.rows * g.width, -1)[wanted] for i in wanted_layers],
+                dim=1,
+            )
+        return ForwardOutput(self.head(last), out_hidden)

@@ -1,17 +1,20 @@
 """Backend for any Hugging Face ``AutoModelForCausalLM`` whose cache can be cropped.
 
-The model's own modeling code runs unchanged: this wrapper only passes explicit
-``position_ids``/``cache_position`` and a ``DynamicCache`` that it crops after rejections.
+The model's own modeling code runs unchanged, one row of the batch at a time: each slot of
+the pool is a ``DynamicCache``, rollback is ``DynamicCache.crop``. Architectures the fast
+backend does not cover (GPT-2, Phi, Gemma, ...) take this path.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import SpecDecError
-from specdec.models.base import CachedLM
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache
 
 
 def context_window(config) -> int:
@@ -23,8 +26,30 @@ def context_window(config) -> int:
     raise SpecDecError(f"cannot tell the context length of model type {config.model_type!r} from its config")
 
 
-class HFCachedLM(CachedLM):
-    """Wraps a ``PreTrainedModel``; rollback is ``DynamicCache.crop``."""
+@dataclass
+class DynamicCachePool(KVCache):
+    """One ``DynamicCache`` per slot; lengths mirror the caches' sequence lengths."""
+
+    config: object = None
+    caches: list[DynamicCache] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.caches = [DynamicCache(config=self.config) for _ in range(self.num_slots)]
+
+    def set_length(self, slot: int, length: int) -> None:
+        remove = self.lengths[slot] - length
+        super().set_length(slot, length)
+        if remove:
+            self.caches[slot].crop(-remove)
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self.caches[slot] = DynamicCache(config=self.config)
+
+
+class HFCausalLM(CausalLM):
+    """Wraps a ``PreTrainedModel``; runs a batch row by row through the model's own forward."""
 
     def __init__(self, model: PreTrainedModel, name: str) -> None:
         self.model = model.eval()
@@ -34,8 +59,8 @@ class HFCachedLM(CachedLM):
         self.dtype = model.dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_window(self.config)
-        self._cache = self._new_cache()
-        rigid = {type(layer).__name__ for layer in self._cache.layers if type(layer) is not DynamicLayer}
+        rigid = {type(layer).__name__ for layer in DynamicCache(config=self.config).layers}
+        rigid.discard(DynamicLayer.__name__)
         if rigid:
             raise SpecDecError(
                 f"model {name!r} ({self.config.model_type}) uses cache layers {sorted(rigid)} that cannot be "
@@ -43,35 +68,39 @@ class HFCachedLM(CachedLM):
                 "needs a cache that can be cropped"
             )
 
-    def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
-
-    @property
-    def length(self) -> int:
-        return self._cache.get_seq_length()
-
-    def reset(self) -> None:
-        self._cache = self._new_cache()
+    def new_cache(self, num_slots: int, capacity: int) -> DynamicCachePool:
+        return DynamicCachePool(num_slots, capacity, config=self.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        start = self.length
-        positions = torch.arange(start, start + input_ids.shape[1], device=self.device)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=positions[None],
-            cache_position=positions,
-            past_key_values=self._cache,
-            use_cache=True,
-            logits_to_keep=1 if num_logits == 0 else (num_logits or 0),
-        )
-        if num_logits == 0:
-            return out.logits[:, :0]
-        return out.logits
-
-    def crop(self, length: int) -> None:
-        remove = self.length - length
-        if remove < 0:
-            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
-        if remove:
-            self._cache.crop(-remove)
+    def forward(self, batch: ForwardBatch, cache: DynamicCachePool) -> ForwardOutput:
+        if batch.tree_mask is not None:
+            raise SpecDecError(f"{self.name}: tree attention masks need the fast backend (Llama, Qwen2, Mistral)")
+        self.check_fits(batch, cache)
+        want_hidden = bool(batch.hidden_layers)
+        wanted = batch.logits_rows
+        keep = 1 if wanted is not None and wanted.numel() == 0 else 0  # a prefill: skip most of the head
+        logits, hidden = [], []
+        for b, slot in enumerate(batch.slots):
+            lo, hi = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]
+            start = cache.lengths[slot]
+            out = self.model(
+                input_ids=batch.input_ids[None, lo:hi],
+                position_ids=batch.positions[None, lo:hi],
+                cache_position=torch.arange(start, start + hi - lo, device=self.device),
+                past_key_values=cache.caches[slot],
+                use_cache=True,
+                output_hidden_states=want_hidden,
+                logits_to_keep=keep,
+            )
+            cache.lengths[slot] += hi - lo
+            logits.append(out.logits[0])
+            if want_hidden:
+                hidden.append(torch.stack([out.hidden_states[i][0] for i in batch.hidden_layers], dim=1))
+        all_logits = torch.cat(logits)
+        out_hidden = torch.cat(hidden) if want_hidden else None
+        if keep:
+            return ForwardOutput(all_logits[:0], None)
+        if wanted is not None:
+            all_logits = all_logits[wanted]
+            out_hidden = out_hidden[wanted] if out_hidden is not None else None
+        return ForwardOutput(all_logits, out_hidden)

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specdec.errors import SpecDecError
-from specdec.models.base import CachedLM
+from specdec.models.base import CausalLM
 from specdec.models.fast_llama import FastLlamaLM, unsupported_reason
-from specdec.models.hf import HFCachedLM
+from specdec.models.hf import HFCausalLM
 
 DTYPES = {
     "float32": torch.float32,
@@ -94,15 +94,16 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
     return model.to(device).eval(), name
 
 
-def load_cached_lm(
+def load_causal_lm(
     source: ModelSource, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-    backend: str = "auto",
-) -> CachedLM:
+    backend: str = "auto", enforce_eager: bool = False,
+) -> CausalLM:
     """Load a model and wrap it in a backend.
 
-    ``backend``: ``"fast"`` (static-cache Llama/Qwen2 forward; an error for other
+    ``backend``: ``"fast"`` (static-pool Llama/Qwen2/Mistral forward; an error for other
     architectures), ``"hf"`` (transformers' own forward with a cropped ``DynamicCache``), or
-    ``"auto"`` (fast where supported, else hf).
+    ``"auto"`` (fast where supported, else hf). ``enforce_eager``: no CUDA graphs (the fast
+    backend captures them on CUDA by default).
     """
     if backend not in BACKENDS:
         raise SpecDecError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -111,21 +112,29 @@ def load_cached_lm(
     if backend == "fast" and reason:
         raise SpecDecError(f"the fast backend cannot run {name!r}: {reason}")
     if backend == "fast" or (backend == "auto" and reason is None):
-        return FastLlamaLM(model, name)
-    return HFCachedLM(model, name)
+        return FastLlamaLM(model, name, use_cuda_graphs=not enforce_eager)
+    return HFCausalLM(model, name)
 
 
 def load_tokenizer(source: ModelSource, required: bool):
-    """The tokenizer in ``source`` (a folder or id), or None when absent and not ``required``."""
+    """The tokenizer in ``source`` (a folder, hub id or a loaded model's folder), or None when absent and
+    not ``required``; a required one raises :class:`SpecDecError` (a missing local folder named as such)."""
     if isinstance(source, PreTrainedModel):
         source = getattr(source.config, "_name_or_path", "")
         if not source or not Path(source).is_dir():
             if required:
                 raise SpecDecError("a tokenizer is needed but the model object has no folder to load one from")
             return None
+    text, folder = str(source), Path(source).expanduser()
+    if folder.is_dir():
+        text = str(folder)
+    elif not _HUB_ID.match(text) or text.startswith((".", "~")):
+        if required:
+            raise SpecDecError(f"tokenizer folder {text!r} does not exist")
+        return None
     try:
-        return AutoTokenizer.from_pretrained(str(source))
+        return AutoTokenizer.from_pretrained(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         if required:
-            raise SpecDecError(f"could not load a tokenizer from {str(source)!r}: {exc}") from exc
+            raise SpecDecError(f"could not load a tokenizer from {text!r}: {exc}") from exc
         return None

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec.errors import SpecDecError
+from specdec.models.loader import load_hf_model, load_tokenizer, resolve_device
 from specdec.train.corpus import TokenBlocks, code_prompts
-from specdec.train.lm import corpus_blocks, load_tokenizer
+from specdec.train.lm import check_eos, corpus_blocks
 from specdec.train.loop import (
     BatchFn,
     TrainSettings,
     autocast_dtype,
     checkpoint_config,
     checkpoint_dir,
-    pick_device,
     train,
     update_summary,
 )
@@ -74,20 +74,6 @@ class DistillSettings:
             )
 
 
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained(path)`` in eval mode, with :class:`SpecDecError` on failure."""
-    from transformers import AutoModelForCausalLM
-
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise SpecDecError(f"model folder {str(folder)!r} does not exist or has no config.json")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **({"dtype": dtype} if dtype else {}))
-    except (OSError, ValueError) as exc:
-        raise SpecDecError(f"cannot load a causal LM from {str(folder)!r}: {exc}") from exc
-    return model.eval()
-
-
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, target: PreTrainedModel, target_dir: Path) -> None:
     """Raise :class:`SpecDecError` unless ``tokenizer`` fits ``target`` (and the target's own tokenizer)."""
     vocab = target.config.vocab_size
@@ -97,7 +83,7 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, target: PreTrainedModel,
             "use the target's tokenizer"
         )
     if (target_dir / "tokenizer_config.json").is_file():
-        own = load_tokenizer(target_dir)
+        own = load_tokenizer(target_dir, required=True)
         if own.get_vocab() != tokenizer.get_vocab():
             raise SpecDecError(
                 f"tokenizer vocabulary differs from the target's tokenizer in {str(target_dir)!r}"
@@ -253,13 +239,14 @@ def train_draft(
     settings.validate()
     distill.validate()
     target_dir = Path(target_dir)
-    device = pick_device()
+    device = resolve_device("auto")
     amp = autocast_dtype(device)
-    target = load_model(target_dir, dtype=amp or torch.float32).to(device)
+    target, _ = load_hf_model(target_dir, amp or torch.float32, device)
     for p in target.parameters():
         p.requires_grad_(False)
     try:
-        tokenizer = load_tokenizer(tokenizer_dir if tokenizer_dir is not None else target_dir)
+        folder = tokenizer_dir if tokenizer_dir is not None else target_dir
+        tokenizer = check_eos(load_tokenizer(folder, required=True), folder)
     except SpecDecError as exc:
         raise SpecDecError(
             f"cannot use a tokenizer for target {str(target_dir)!r} ({exc}); pass --tokenizer"
@@ -330,8 +317,8 @@ def train_draft(
             "generated_fraction": distill.generated_fraction,
         },
     )
-    saved_target = load_model(target_dir).to(device)
-    saved_draft = load_model(settings.out_dir).to(device)
+    saved_target, _ = load_hf_model(target_dir, "auto", device)
+    saved_draft, _ = load_hf_model(settings.out_dir, "auto", device)
     prompts = code_prompts(distill.acceptance_prompts, corpus_dirs, split="heldout", seed=settings.seed)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     limit = max_positions - distill.acceptance_tokens

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecDecError
+from specdec.models.loader import load_tokenizer, resolve_device
 from specdec.train.corpus import TokenBlocks, split_files, token_stream
-from specdec.train.loop import TrainSettings, checkpoint_config, pick_device, train
+from specdec.train.loop import TrainSettings, checkpoint_config, train
 from specdec.train.presets import ModelPreset, count_parameters, llama_config
 
 if TYPE_CHECKING:
@@ -22,17 +22,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(path)``, with :class:`SpecDecError` for a missing or bad folder."""
-    from transformers import AutoTokenizer
-
-    folder = Path(path)
-    if not folder.is_dir():
-        raise SpecDecError(f"tokenizer folder {str(folder)!r} does not exist")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise SpecDecError(f"cannot load a tokenizer from {str(folder)!r}: {exc}") from exc
+def check_eos(tokenizer: PreTrainedTokenizerBase, folder: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """``tokenizer``, after checking that it has the EOS token training separates documents with."""
     if tokenizer.eos_token_id is None:
         raise SpecDecError(f"tokenizer in {str(folder)!r} has no EOS token")
     return tokenizer
@@ -73,7 +64,7 @@ def train_lm(
     from transformers import LlamaForCausalLM
 
     settings.validate()
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = check_eos(load_tokenizer(tokenizer_dir, required=True), tokenizer_dir)
     if settings.resume:
         config = checkpoint_config(settings.out_dir)
     else:
@@ -85,7 +76,7 @@ def train_lm(
     context = min(preset.context, config.max_position_embeddings)
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
     torch.manual_seed(settings.seed)
-    model = LlamaForCausalLM(config).to(pick_device())
+    model = LlamaForCausalLM(config).to(resolve_device("auto"))
     print(
         f"target: {count_parameters(config) / 1e6:.2f}M parameters, {len(train_blocks)} train blocks and "
         f"{len(heldout_blocks)} held-out blocks of {context} tokens",

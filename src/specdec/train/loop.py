@@ -124,13 +124,6 @@ class Schedule:
         return warm * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * cosine)
 
 
-def pick_device() -> torch.device:
-    """CUDA when available, else the CPU."""
-    import torch
-
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """``torch.bfloat16`` when bf16 autocast works on ``device`` (tried with a tiny matmul), else ``None``."""
     import torch

@@ -1,0 +1,140 @@
+"""Forward costs and decoding rates of the fast backend on a GPU, eager against CUDA graphs.
+
+A benchmark, not a test (it needs a CUDA device). For each random-weight shape (``1b``,
+``8b``: see :mod:`specdec.bench.synthetic`) it prints, side by side in one process:
+
+- ``t(n)``: median time of one batch-1 target forward over ``n`` new tokens after a
+  ``--context``-token prefix (CUDA events, rolled back after each), eager and graphed, and
+  ``t(k+1)/t(1)``, the verification cost ratio;
+- plain decoding through :class:`specdec.LLM` at batch 1 (and ``--batch`` for the 1b shape):
+  tokens/s, and the fraction of the memory-bandwidth limit (weight bytes x steps/s over
+  ``--bandwidth-gbs``);
+- the target as its own draft (every draft accepted), k = 4: tokens/s over plain decoding
+  against the ideal ``(k+1) / (k + t(k+1)/t(1))``.
+
+    python scripts/gpu_forward_costs.py --shapes 1b 8b --tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.bench.synthetic import build_synthetic
+from specdec.models.base import ForwardBatch
+from specdec.models.fast_llama import FastLlamaLM
+
+
+def forward_ms(lm: FastLlamaLM, context: int, tokens: int, trials: int = 30) -> float:
+    """Median milliseconds of one forward over ``tokens`` new tokens after ``context`` cached ones."""
+    cache = lm.new_cache(1, context + tokens + 1)
+    ids = torch.randint(0, lm.vocab_size, (context + tokens,), device=lm.device)
+    lm.forward(ForwardBatch(ids[:context], torch.arange(context, device=lm.device), [0], [0, context],
+                            logits_rows=ids.new_empty(0)), cache)
+    batch = ForwardBatch(ids[context:], torch.arange(context, context + tokens, device=lm.device), [0], [0, tokens])
+    times = []
+    for _ in range(trials + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        lm.forward(batch, cache)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        cache.set_length(0, context)
+    return statistics.median(times[3:])
+
+
+def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
+    """Generated tokens per second over the whole batch (greedy, end-of-sequence ignored)."""
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params)  # warm-up: captures every shape bucket
+    torch.cuda.synchronize()
+    tic = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    torch.cuda.synchronize()
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - tic)
+
+
+def profile_steps(model, prompt: list[int], max_len: int) -> None:
+    """Where a plain decoding step spends host time: torch profiler, top operations by self CPU time."""
+    llm = LLM(model, max_num_seqs=1, max_model_len=max_len)
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    llm.generate({"prompt_token_ids": prompt}, params)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        llm.generate({"prompt_token_ids": prompt}, params)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    del llm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["1b", "8b"])
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--bandwidth-gbs", type=float, default=3350.0, help="H100 SXM: 3350")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the host-side operations of 64 plain decoding steps (1b, graphs)")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows = []
+    for shape in args.shapes:
+        model = build_synthetic(shape, torch.bfloat16, device)
+        max_len = args.context + args.tokens + args.k + 8
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (args.context,), generator=gen).tolist()
+        costs = {}
+        for eager in (True, False):
+            lm = FastLlamaLM(model, f"synthetic-{shape}", use_cuda_graphs=not eager)
+            costs[eager] = {n: forward_ms(lm, args.context, n) for n in (1, args.k + 1)}
+            del lm
+        weight_bytes = FastLlamaLM(model, "probe").parameter_bytes
+        torch.cuda.empty_cache()
+        rates = {}
+        for eager in (True, False):
+            llm = LLM(model, max_num_seqs=1, max_model_len=max_len, enforce_eager=eager)
+            rates[eager] = decode_rate(llm, [prompt], args.tokens)
+            del llm
+            torch.cuda.empty_cache()
+        limit = args.bandwidth_gbs * 1e9 / weight_bytes
+        for eager in (True, False):
+            mode = "eager" if eager else "graphs"
+            t1, tk = costs[eager][1], costs[eager][args.k + 1]
+            rows.append(f"| {shape} | {mode} | {t1:.2f} | {tk:.2f} | {tk / t1:.2f} | {rates[eager]:.1f} | "
+                        f"{1000 / rates[eager] - t1:.2f} | {limit:.0f} | {100 * rates[eager] / limit:.0f}% |")
+        if shape == "1b" and args.profile:
+            profile_steps(model, prompt, max_len)
+        if shape == "1b":
+            prompts = [torch.randint(0, model.config.vocab_size, (args.context,), generator=gen).tolist()
+                       for _ in range(args.batch)]
+            llm = LLM(model, max_num_seqs=args.batch, max_model_len=max_len)
+            batched = decode_rate(llm, prompts, args.tokens)
+            del llm
+            torch.cuda.empty_cache()
+            print(f"1b plain, graphs: batch 1 {rates[False]:.1f} tok/s, batch {args.batch} {batched:.1f} tok/s "
+                  f"({batched / rates[False]:.1f}x)")
+            spec = {"method": "draft_model", "model": model, "num_speculative_tokens": args.k}
+            llm = LLM(model, speculative_config=spec, max_num_seqs=1, max_model_len=max_len)
+            same = decode_rate(llm, [prompt], args.tokens)
+            del llm
+            torch.cuda.empty_cache()
+            t1, tk = costs[False][1], costs[False][args.k + 1]
+            ideal = (args.k + 1) / (args.k + tk / t1)
+            print(f"1b draft = target, k={args.k}: {same:.1f} tok/s, {same / rates[False]:.2f}x plain; "
+                  f"ideal {ideal:.2f}x; {100 * same / rates[False] / ideal:.0f}% of ideal")
+        del model
+        torch.cuda.empty_cache()
+    print("| shape | mode | t(1) ms | t(k+1) ms | ratio | plain tok/s (batch 1) | step - t(1) ms | "
+          "bandwidth limit tok/s | of limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

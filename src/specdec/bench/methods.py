@@ -1,0 +1,149 @@
+"""What the benchmark runs: the method catalogue (specdec plain decoding, one method per registered
+drafter, transformers' ``generate`` peers) and the :class:`Runner` interface every method implements.
+
+specdec's speculative methods are derived from the drafter registry
+(:data:`specdec.drafters.DRAFTERS`): a drafter registered there is benchmarked with no change
+here. Its entry takes the drafter's ``description`` and needs a draft model when the drafter
+class says ``needs_model``. The catalogue is built on first use, since importing the drafters
+imports torch and transformers (the CLI must start without them).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from specdec.errors import SpecDecError
+
+if TYPE_CHECKING:
+    from specdec.metrics import RequestMetrics
+
+REFERENCE = "plain"
+"""specdec's plain decoding: the reference of every speedup and greedy check."""
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    """What a method is: run once per k (``speculative``), needs a draft model, is a transformers peer."""
+
+    description: str
+    speculative: bool = False
+    needs_draft: bool = False
+    peer: bool = False
+
+
+PEERS: dict[str, MethodKind] = {
+    "hf": MethodKind("transformers generate", peer=True),
+    "hf_assisted": MethodKind(
+        "transformers generate, assistant_model with num_assistant_tokens=k, constant schedule, "
+        "assistant_confidence_threshold=0 (set on the assistant's generation_config)",
+        speculative=True,
+        needs_draft=True,
+        peer=True,
+    ),
+    "hf_assisted_default": MethodKind(
+        "transformers generate, assistant_model with its generation_config as loaded; unset fields take "
+        "transformers' defaults (5.x: 20 tokens, constant schedule, confidence threshold 0.4)",
+        needs_draft=True,
+        peer=True,
+    ),
+    "hf_prompt_lookup": MethodKind(
+        "transformers generate, prompt_lookup_num_tokens=k, max_matching_ngram_size=prompt_lookup_max",
+        speculative=True,
+        peer=True,
+    ),
+}
+"""transformers' ``generate`` configurations, benchmarked beside specdec (batch 1 only)."""
+
+
+@cache
+def methods() -> dict[str, MethodKind]:
+    """Every benchmarkable method by name: ``plain``, the registered drafters, then :data:`PEERS`."""
+    from specdec.drafters import DRAFTERS
+
+    catalogue = {REFERENCE: MethodKind("specdec plain decoding (the reference)")}
+    for name, drafter in DRAFTERS.items():
+        catalogue[name] = MethodKind(
+            f"specdec, {drafter.description}", speculative=True, needs_draft=drafter.needs_model
+        )
+    clash = sorted(set(catalogue) & set(PEERS))
+    if clash:
+        raise SpecDecError(f"drafters {clash} reuse the names of transformers peers in the benchmark")
+    return {**catalogue, **PEERS}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One benchmarked configuration: a method name and, for speculative methods, its k."""
+
+    method: str
+    k: int | None = None
+
+    def __post_init__(self) -> None:
+        catalogue = methods()
+        if self.method not in catalogue:
+            raise SpecDecError(f"unknown method {self.method!r}; choose from {', '.join(catalogue)}")
+        if catalogue[self.method].speculative != (self.k is not None):
+            raise SpecDecError(f"method {self.method!r} {'needs' if self.k is None else 'takes no'} k")
+
+    @property
+    def label(self) -> str:
+        return self.method if self.k is None else f"{self.method} k={self.k}"
+
+    @property
+    def kind(self) -> MethodKind:
+        return methods()[self.method]
+
+
+def expand_methods(names: Sequence[str], ks: Sequence[int]) -> list[MethodSpec]:
+    """One spec per non-speculative method and one per (speculative method, k); ``plain`` always first."""
+    from specdec.drafters.base import MAX_SPECULATIVE_TOKENS
+
+    catalogue = methods()
+    unknown = [n for n in names if n not in catalogue]
+    if unknown:
+        raise SpecDecError(f"unknown methods {unknown}; choose from {', '.join(catalogue)}")
+    if not ks:
+        raise SpecDecError("give at least one k")
+    bad = [k for k in ks if not 1 <= k <= MAX_SPECULATIVE_TOKENS]
+    if bad:
+        raise SpecDecError(f"k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {bad}")
+    specs = [MethodSpec(REFERENCE)]
+    for name in dict.fromkeys(names):
+        if name == REFERENCE:
+            continue
+        if catalogue[name].speculative:
+            specs.extend(MethodSpec(name, k) for k in dict.fromkeys(ks))
+        else:
+            specs.append(MethodSpec(name))
+    return specs
+
+
+@dataclass
+class RunOutput:
+    """One generate call over a batch of prompts: per prompt its generated ids and metrics (None for
+    transformers peers, which expose none), and ``seconds``, the wall-clock time of the whole call."""
+
+    token_ids: list[list[int]]
+    seconds: float
+    metrics: list[RequestMetrics | None]
+
+
+class Runner(ABC):
+    """Generates for one method; ``spec`` names the method and its k, ``max_batch_size`` is the
+    largest number of prompts one :meth:`run` call takes."""
+
+    spec: MethodSpec
+    max_batch_size: int = 1
+
+    @abstractmethod
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        """Generate exactly ``max_tokens`` tokens after each of ``prompts`` (at most ``max_batch_size``
+        of them) in one call; every request is seeded with ``seed``."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The method's settings, for the JSON report."""

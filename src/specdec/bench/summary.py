@@ -1,0 +1,209 @@
+"""Aggregates of a benchmark run, per batch size, method and category (and ``overall``).
+
+Computed from totals. With ``seconds`` the wall-clock time of the generate calls (each call
+counted once, whatever the number of requests in it):
+
+- throughput (tok/s) = generated tokens / seconds; speedup = that over plain decoding's
+  throughput at the same batch size, on the same prompts;
+- per-request tok/s = the mean over requests of (request's tokens / its call's seconds);
+- τ and α come from the merged :class:`~specdec.metrics.RequestMetrics`;
+- the cost ratio ``c = (time_drafting / num_draft_tokens) / (time_target / num_steps)``, the
+  drafting time per drafted token over the target time per step. For ``draft_model`` each
+  drafted token costs one draft forward, so c is one draft forward over one target
+  (verification) forward, the quantity in the predicted speedup
+  ``S = (1 - α^(k+1)) / ((1 - α)(k c + 1))``; efficiency is measured speedup / S. A
+  :class:`Calibration` may carry directly measured cost ratios instead;
+- with a draft equal to the target, the ideal speedup ``(k+1) / (k + t(k+1)/t(1))`` (``t(n)``
+  the time of one n-token target forward at batch 1), from the :class:`Calibration`;
+- for plain decoding, steps/s (every step emits one token per request: a call's steps are its
+  longest output) and, given the least time a step can take (parameter bytes / memory
+  bandwidth), the roofline fraction = steps/s × that time, i.e. achieved bytes/s over bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specdec.bench.methods import REFERENCE, MethodSpec
+from specdec.errors import SpecDecError
+
+if TYPE_CHECKING:
+    from specdec.bench.harness import Measurement
+    from specdec.metrics import RequestMetrics
+
+OVERALL = "overall"
+
+
+@dataclass
+class Calibration:
+    """Numbers measured beside the runs: ``cost_ratios`` (label -> c timed directly),
+    ``forward_seconds`` (n -> seconds of one n-token target forward at batch 1),
+    ``ideal_ratios`` (label -> ideal speedup when the draft is the target) and
+    ``min_step_seconds`` (parameter bytes / memory bandwidth; None when the bandwidth is unknown)."""
+
+    cost_ratios: dict[str, float] = field(default_factory=dict)
+    forward_seconds: dict[int, float] = field(default_factory=dict)
+    ideal_ratios: dict[str, float] = field(default_factory=dict)
+    min_step_seconds: float | None = None
+
+
+def predicted_speedup(alpha: float, k: int, c: float) -> float:
+    """Expected speedup of k-token speculation with i.i.d. acceptance ``alpha`` and cost ratio ``c``:
+    ``(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))`` (its limit ``(k+1)/(k c+1)`` at alpha = 1)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise SpecDecError(f"acceptance rate must be in [0, 1], got {alpha}")
+    if k < 1 or c < 0:
+        raise SpecDecError(f"need k >= 1 and c >= 0, got k={k}, c={c}")
+    expected_tokens = k + 1 if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return expected_tokens / (k * c + 1.0)
+
+
+def ideal_ratio(k: int, t1: float, tk1: float) -> float:
+    """Tokens/s of k-token speculation with a draft equal to the target (all drafts accepted) over
+    plain decoding: ``(k+1) / (k + t(k+1)/t(1))``, with ``t1`` = t(1) and ``tk1`` = t(k+1) the
+    seconds of a 1-token and a (k+1)-token target forward (k draft forwards, one verification)."""
+    if k < 1 or t1 <= 0 or tk1 <= 0:
+        raise SpecDecError(f"need k >= 1 and positive forward times, got k={k}, t(1)={t1}, t(k+1)={tk1}")
+    return (k + 1) / (k + tk1 / t1)
+
+
+def metrics_cost_ratio(metrics: RequestMetrics) -> float | None:
+    """``(time_drafting / num_draft_tokens) / (time_target / num_steps)``, None when nothing was drafted."""
+    if not metrics.num_draft_tokens or not metrics.num_steps or metrics.time_target <= 0:
+        return None
+    return (metrics.time_drafting / metrics.num_draft_tokens) / (metrics.time_target / metrics.num_steps)
+
+
+@dataclass
+class SummaryRow:
+    """Aggregates of one method at one batch size over one category (or ``overall``); see the module doc."""
+
+    label: str
+    method: str
+    k: int | None
+    batch_size: int
+    category: str
+    num_generations: int
+    num_calls: int
+    num_tokens: int
+    seconds: float
+    tokens_per_second: float | None
+    request_tokens_per_second: float | None
+    speedup: float | None
+    tau: float | None
+    alpha: float | None
+    acceptance_per_position: list[float] | None
+    cost_ratio: float | None
+    predicted_speedup: float | None
+    efficiency: float | None
+    ideal_speedup: float | None
+    steps_per_second: float | None
+    roofline: float | None
+    mismatches: int | None
+    checked: int
+
+
+def _call_seconds(group: Sequence[Measurement]) -> dict[int, float]:
+    return {m.call: m.seconds for m in group}
+
+
+def _merged_metrics(group: Sequence[Measurement]) -> RequestMetrics | None:
+    if not group or any(m.metrics is None for m in group):
+        return None
+    from specdec.metrics import RequestMetrics
+
+    merged = RequestMetrics()
+    for m in group:
+        merged.merge(m.metrics)
+    return merged
+
+
+def _row(
+    spec: MethodSpec,
+    batch_size: int,
+    category: str,
+    group: list[Measurement],
+    reference_tps: float | None,
+    greedy: bool,
+    calibration: Calibration,
+) -> SummaryRow:
+    tokens = sum(len(m.token_ids) for m in group)
+    call_seconds = _call_seconds(group)
+    seconds = sum(call_seconds.values())
+    tps = tokens / seconds if seconds > 0 else None
+    per_request = [len(m.token_ids) / m.seconds for m in group if m.seconds > 0]
+    request_tps = sum(per_request) / len(per_request) if per_request else None
+    speedup = tps / reference_tps if tps is not None and reference_tps else None
+    merged = _merged_metrics(group)
+    drafted = merged is not None and merged.num_draft_tokens > 0
+    tau = merged.mean_acceptance_length if merged is not None and merged.num_steps else None
+    alpha = merged.acceptance_rate if drafted else None
+    per_position = merged.acceptance_rate_per_position if drafted else None
+    c = calibration.cost_ratios.get(spec.label, metrics_cost_ratio(merged) if drafted else None)
+    predicted = predicted_speedup(alpha, spec.k, c) if alpha is not None and c is not None and spec.k else None
+    efficiency = speedup / predicted if speedup is not None and predicted else None
+    steps_per_second = roofline = None
+    if spec.method == REFERENCE and seconds > 0:
+        steps: dict[int, int] = {}
+        for m in group:
+            steps[m.call] = max(steps.get(m.call, 0), len(m.token_ids))
+        steps_per_second = sum(steps.values()) / seconds
+        if calibration.min_step_seconds is not None:
+            roofline = steps_per_second * calibration.min_step_seconds
+    checked = [m for m in group if m.matches_reference is not None]
+    mismatches = sum(not m.matches_reference for m in checked) if greedy and spec.method != REFERENCE else None
+    return SummaryRow(
+        label=spec.label,
+        method=spec.method,
+        k=spec.k,
+        batch_size=batch_size,
+        category=category,
+        num_generations=len(group),
+        num_calls=len(call_seconds),
+        num_tokens=tokens,
+        seconds=seconds,
+        tokens_per_second=tps,
+        request_tokens_per_second=request_tps,
+        speedup=speedup,
+        tau=tau,
+        alpha=alpha,
+        acceptance_per_position=per_position,
+        cost_ratio=c,
+        predicted_speedup=predicted,
+        efficiency=efficiency,
+        ideal_speedup=calibration.ideal_ratios.get(spec.label) if batch_size == 1 else None,
+        steps_per_second=steps_per_second,
+        roofline=roofline,
+        mismatches=mismatches,
+        checked=len(checked),
+    )
+
+
+def summarize(
+    measurements: Sequence[Measurement],
+    specs: Sequence[MethodSpec],
+    greedy: bool,
+    calibration: Calibration | None = None,
+) -> list[SummaryRow]:
+    """Per batch size (ascending): one row per method that ran at it per category, then one per method
+    for ``overall``."""
+    calibration = calibration or Calibration()
+    categories = list(dict.fromkeys(m.category for m in measurements))
+    rows = []
+    for batch_size in sorted({m.batch_size for m in measurements}):
+        at_size = [m for m in measurements if m.batch_size == batch_size]
+        ran = {m.method for m in at_size}
+        for category in [*categories, OVERALL]:
+            in_category = [m for m in at_size if category in (OVERALL, m.category)]
+            if not in_category:
+                continue
+            reference = [m for m in in_category if m.method == REFERENCE]
+            ref_seconds = sum(_call_seconds(reference).values())
+            reference_tps = sum(len(m.token_ids) for m in reference) / ref_seconds if ref_seconds > 0 else None
+            for spec in specs:
+                if spec.label in ran:
+                    group = [m for m in in_category if m.method == spec.label]
+                    rows.append(_row(spec, batch_size, category, group, reference_tps, greedy, calibration))
+    return rows
