@@ -1,9 +1,9 @@
 """Engine overhead per step on tiny random models, on CPU: a benchmark, not a test.
 
-For plain decoding, ``draft_model`` and ``ngram`` at several k, it runs ``SpeculativeEngine.generate``
-directly (no text layer) and reports per target step, in milliseconds:
+For plain decoding, ``draft_model`` and ``ngram`` at several k, it runs one request through
+``LLM.generate`` (token-id prompts: no text) and reports per target step, in milliseconds:
 
-- ``wall``: wall-clock time between consecutive steps yielded by the engine (prefill excluded);
+- ``wall``: wall-clock time of the request minus its prefill, per step;
 - ``target`` and ``drafting``: ``RequestMetrics.time_target`` and ``time_drafting`` per step;
 - ``other``: ``RequestMetrics.time_other`` per step, the engine's own timer over verification,
   cache rollback, stop handling and bookkeeping;
@@ -97,10 +97,8 @@ def make_prompt(args: argparse.Namespace) -> list[int]:
 def time_run(llm: LLM, prompt: list[int], tokens: int) -> tuple[float, RequestMetrics]:
     """Wall-clock seconds of the steps of one greedy request (prefill excluded) and its metrics."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    metrics = RequestMetrics()
     tic = time.perf_counter()
-    for _ in llm.engine.generate(prompt, params, torch.Generator().manual_seed(0), metrics):
-        pass
+    metrics = llm.generate({"prompt_token_ids": prompt}, params)[0].metrics
     return time.perf_counter() - tic - metrics.time_prefill, metrics
 
 

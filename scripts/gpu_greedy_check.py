@@ -10,6 +10,7 @@ prompts with ragged lengths. Exits 1 on a float32 mismatch.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from specdec import LLM, SamplingParams
@@ -24,11 +25,14 @@ METHODS = {
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    args = parser.parse_args()
     target, draft = default_pair()
     prompts = code_prompts(8)
     params = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)
     failed = False
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes:
         reference = None
         for method, spec in METHODS.items():
             if spec is not None and spec["method"] == "draft_model":

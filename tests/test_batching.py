@@ -96,7 +96,7 @@ def test_sampling_batch_rows_follow_their_own_parameters():
         SamplingParams(temperature=1.0),
     ]
     logits = torch.randn(len(params), 3, 32, dtype=torch.float64) * 3
-    batch = SamplingBatch.from_params(params, [None] * len(params), CPU)
+    batch = SamplingBatch(params, [None] * len(params), CPU)
     probs = batch.probs(logits)
     for row, p in enumerate(params):
         torch.testing.assert_close(probs[row], logits_to_probs(logits[row], p), rtol=0, atol=1e-15)
@@ -117,9 +117,9 @@ def test_sampling_batch_row_probs_are_bit_identical_in_any_batch(dtype):
     others = [SamplingParams(top_k=5, top_p=0.9), SamplingParams(top_p=0.5), SamplingParams(top_k=3),
               SamplingParams(min_p=0.1), SamplingParams(temperature=0)]
     for p in mine:
-        single = SamplingBatch.from_params([p], [None], CPU).probs(logits[:1])[0]
+        single = SamplingBatch([p], [None], CPU).probs(logits[:1])[0]
         for other in others:
-            pair = SamplingBatch.from_params([other, p], [None, None], CPU).probs(logits.flip(0))[1]
+            pair = SamplingBatch([other, p], [None, None], CPU).probs(logits.flip(0))[1]
             assert torch.equal(pair, single), f"{p} changed next to {other}"
 
 
@@ -130,10 +130,10 @@ def test_sampling_batch_random_numbers_come_from_each_rows_generator():
 
     sampled, greedy = SamplingParams(temperature=1.0), SamplingParams(temperature=0)
     probs = torch.full((3, 16), 1 / 16, dtype=torch.float64)
-    batch = SamplingBatch.from_params([sampled, greedy, sampled], [gen(1), gen(2), gen(3)], CPU)
+    batch = SamplingBatch([sampled, greedy, sampled], [gen(1), gen(2), gen(3)], CPU)
     uniforms = batch.uniforms([2, 3, 1], 3, CPU, torch.float64)
     noise = batch.noise(probs)
-    single = SamplingBatch.from_params([sampled], [gen(3)], CPU)
+    single = SamplingBatch([sampled], [gen(3)], CPU)
     torch.testing.assert_close(uniforms[2, :1], single.uniforms([1], 1, CPU, torch.float64)[0], rtol=0, atol=0)
     torch.testing.assert_close(noise[2], single.noise(probs[:1])[0], rtol=0, atol=0)
     assert uniforms[1].tolist() == [0, 0, 0] and (noise[1] == 1).all()  # greedy rows draw nothing

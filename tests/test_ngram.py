@@ -20,7 +20,7 @@ def make_seq(request_id, prompt, slot):
 
 
 def sampling(seqs):
-    return SamplingBatch.from_params([s.params for s in seqs], [s.generator for s in seqs], CPU)
+    return SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], CPU)
 
 
 def test_longest_match_wins():

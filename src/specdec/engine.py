@@ -87,7 +87,7 @@ class Engine:
         """One batched step over ``seqs`` (running, unfinished); returns one output per sequence."""
         clock, device = self._clock, self.target.device
         clock.start()
-        sampling = SamplingBatch.from_params([s.params for s in seqs], [s.generator for s in seqs], device)
+        sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device)
 
         # 1. Propose: at most k drafts per row, never more than the tokens it may still emit
         #    minus the one the target always adds.

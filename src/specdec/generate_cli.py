@@ -89,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sequences decoded at once (KV pool slots); more prompts wait for a free slot (default 16)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="tokens per sequence, prompt and output (default: the model's context window)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.set_defaults(func=run)
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
-              backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+              backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              enforce_eager=args.enforce_eager)
     if args.stream and not args.json:
         _stream(llm, prompts, params, method, k)
         return 0

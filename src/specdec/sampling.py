@@ -85,11 +85,6 @@ class SamplingBatch:
         self.any_top_p = any(p.top_p < 1.0 for p in self.params)
         self.any_min_p = any(p.min_p > 0.0 for p in self.params)
 
-    @classmethod
-    def from_params(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
-                    device: torch.device) -> SamplingBatch:
-        return cls(params, generators, device)
-
     @cached_property
     def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         from specdec.models.base import to_device
@@ -188,7 +183,7 @@ class SamplingBatch:
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The sampling distribution of one request: logits ``[..., V]`` -> probabilities ``[..., V]``
     (see :meth:`SamplingBatch.probs`)."""
-    batch = SamplingBatch.from_params([params], [None], logits.device)
+    batch = SamplingBatch([params], [None], logits.device)
     flat = logits.reshape(1, -1, logits.shape[-1])
     return batch.probs(flat).reshape(logits.shape[:-1] + (logits.shape[-1],)).to(
         logits.dtype if logits.dtype == torch.float64 else torch.float32

@@ -145,6 +145,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="tokens per sequence for specdec's KV pools (default: the model's context; with --synthetic, "
         "what the prompts and outputs need)",
     )
+    run.add_argument("--enforce-eager", action="store_true",
+                     help="specdec without CUDA graphs on a GPU (the CPU path is always eager)")
     run.add_argument("--max-tokens", type=int, default=128, help="tokens generated per turn by every method")
     run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, checked against plain decoding")
     run.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED", help="each question runs once per seed")

@@ -200,6 +200,7 @@ def load_bench(
         prompt_lookup_min=args.prompt_lookup_min,
         max_num_seqs=max(settings.batch_sizes),
         max_model_len=_max_model_len(source, args, target, ks),
+        enforce_eager=args.enforce_eager,
     )
     runners = build_runners(specs, target, draft, options)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm

@@ -147,7 +147,8 @@ class RunnerOptions:
     ``tokenizer``: the target's tokenizer folder (None: prompts are token ids only). The draft's dtype
     comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_model.resolve_draft_dtype`, unless
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
-    ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence).
+    ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
+    ``enforce_eager`` turns their CUDA graphs off.
     """
 
     tokenizer: str | None = None
@@ -158,6 +159,7 @@ class RunnerOptions:
     prompt_lookup_min: int = 1
     max_num_seqs: int = 1
     max_model_len: int | None = None
+    enforce_eager: bool = False
 
 
 def _peer_runner(
@@ -207,6 +209,7 @@ def build_runners(
         return LLM(
             target, options.tokenizer, config, dtype, device, backend=options.backend,
             max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
+            enforce_eager=options.enforce_eager,
         )
 
     runners: list[Runner] = []

@@ -96,6 +96,14 @@ class DraftModelDrafter(Drafter):
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
         logits = self.model.forward(batch, self.cache).logits
         index = to_device(active, self.model.device)
+        if rows.all_greedy and all(ks[b] == width for b in active):
+            # The whole greedy proposal after the first token in one call (one graph on a GPU).
+            first = logits.argmax(-1)
+            tokens[index, 0] = first
+            if width > 1:
+                tokens[index, 1:] = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache,
+                                                            width - 1)
+            return DraftBatch(tokens, ks)
         probs = None
         if not rows.all_greedy:
             dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32

@@ -147,6 +147,20 @@ class CausalLM(ABC):
         """Write the batch's keys and values into its slots, advance their lengths and return
         the wanted logits (and hidden states)."""
 
+    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: KVCache, steps: int) -> torch.Tensor:
+        """Greedy continuation of one token per row: feed ``tokens`` ``[B]`` (row ``b`` into slot
+        ``slots[b]`` at its cached length), then each row's argmax, ``steps`` forwards in all.
+        Returns the argmax after every fed token, ``[B, steps]``; each slot grows by ``steps``.
+        The draft loop of a greedy draft model; a backend may run it as one captured graph.
+        """
+        out = []
+        for _ in range(steps):
+            positions = to_device([cache.lengths[s] for s in slots], self.device)
+            tokens = self.forward(ForwardBatch(tokens, positions, list(slots), list(range(len(slots) + 1))),
+                                  cache).logits.argmax(-1)
+            out.append(tokens)
+        return torch.stack(out, dim=1)
+
     def check_fits(self, batch: ForwardBatch, cache: KVCache) -> None:
         """Raise ValueError when a row would write past its slot's capacity."""
         for slot, count in zip(batch.slots, batch.num_tokens):

@@ -34,7 +34,8 @@ def _pow2(n: int) -> int:
 @dataclass
 class GraphSet:
     """The captured graphs of one :class:`~specdec.models.fast_llama.StaticKVPool` and their
-    static input buffers (``[max_rows * MAX_GRAPH_WIDTH]`` each, ``starts`` ``[max_rows]``)."""
+    static input buffers (``[max_rows * MAX_GRAPH_WIDTH]`` each; ``starts`` and ``real``, 1 for
+    a row that holds a sequence of the batch, ``[max_rows]``)."""
 
     max_rows: int
     ids: torch.Tensor
@@ -42,6 +43,7 @@ class GraphSet:
     write_slot: torch.Tensor
     write_index: torch.Tensor
     starts: torch.Tensor
+    real: torch.Tensor
     pool: tuple = field(default_factory=torch.cuda.graph_pool_handle)
     graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
 
@@ -52,7 +54,8 @@ class GraphSet:
         def buffer(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.long, device=device)
 
-        return cls(num_slots, buffer(cells), buffer(cells), buffer(cells), buffer(cells), buffer(num_slots))
+        return cls(num_slots, buffer(cells), buffer(cells), buffer(cells), buffer(cells), buffer(num_slots),
+                   buffer(num_slots))
 
 
 def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int] | None:
@@ -67,44 +70,106 @@ def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int] | Non
     return rows, _pow2(width), model.key_bucket(needed, cache.capacity)
 
 
-def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``batch`` through the graph of ``shape`` (capturing it first if needed); returns the
-    grid's logits ``[R*T, V]`` (valid until the next replay) and each flat token's cell ``[N]``."""
-    from specdec.models.fast_llama import Grid
-
-    rows, width, key_len = shape
-    graphs: GraphSet = cache.graphs
+def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: list[int], cache,
+          input_ids: torch.Tensor, positions: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Lay a batch out in the static buffers: row ``r`` is slot ``r``; cells of rows with no
+    sequence, and padding cells, write to their slot's scratch column. Returns each flat
+    token's cell ``[N]``."""
     n = rows * width
     write_slot = [r for r in range(rows) for _ in range(width)]
     write_index = [cache.capacity] * n
     starts = [0] * rows
+    real = [0] * rows
     cells = []
-    for slot, count in zip(batch.slots, batch.num_tokens):
+    for slot, count in zip(slots, counts):
         start = cache.lengths[slot]
-        starts[slot] = start
+        starts[slot], real[slot] = start, 1
         write_index[slot * width : slot * width + count] = range(start, start + count)
         cells.extend(range(slot * width, slot * width + count))
-    host = to_device(write_slot + write_index + starts + cells, model.device)
+    host = to_device(write_slot + write_index + starts + real + cells, device)
     graphs.write_slot[:n].copy_(host[:n])
     graphs.write_index[:n].copy_(host[n : 2 * n])
     graphs.starts[:rows].copy_(host[2 * n : 2 * n + rows])
-    cell_index = host[2 * n + rows :]
-    graphs.ids[:n].zero_().index_copy_(0, cell_index, batch.input_ids)
-    graphs.positions[:n].zero_().index_copy_(0, cell_index, batch.positions)
-    entry = graphs.graphs.get(shape)
+    graphs.real[:rows].copy_(host[2 * n + rows : 2 * n + 2 * rows])
+    cell_index = host[2 * n + 2 * rows :]
+    graphs.ids[:n].zero_().index_copy_(0, cell_index, input_ids)
+    graphs.positions[:n].zero_().index_copy_(0, cell_index, positions)
+    return cell_index
+
+
+def _grid(graphs: GraphSet, rows: int, width: int, key_len: int):
+    from specdec.models.fast_llama import Grid
+
+    n = rows * width
+    return Grid(rows, width, key_len, graphs.ids[:n], graphs.positions[:n].view(rows, width),
+                graphs.write_slot[:n], graphs.write_index[:n], graphs.starts[:rows], None, 0)
+
+
+def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The graph of ``key``, capturing ``body()`` first if needed: a warm-up run on a side stream
+    (it performs the call for real, also compiling what torch.compile has not yet), ``refill()``
+    to restore the inputs the warm-up may have advanced, then the capture."""
+    entry = graphs.graphs.get(key)
     if entry is None:
-        grid = Grid(rows, width, key_len, graphs.ids[:n], graphs.positions[:n].view(rows, width),
-                    graphs.write_slot[:n], graphs.write_index[:n], graphs.starts[:rows], graphs.starts[:rows], 0)
-        log.info("specdec: capturing a CUDA graph of %s for %d rows x %d tokens, %d cached", model.name, *shape)
+        log.info("specdec: capturing a CUDA graph %s", key)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            model.head(model.compute(grid, cache)[0])  # warm-up: also performs this batch's forward
+            body()
         torch.cuda.current_stream().wait_stream(side)
+        refill()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=graphs.pool):
-            logits = model.head(model.compute(grid, cache)[0])
-        entry = graphs.graphs[shape] = (graph, logits)
-    graph, logits = entry
+            output = body()
+        entry = graphs.graphs[key] = (graph, output)
+    return entry
+
+
+def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``batch`` through the graph of ``shape`` (capturing it first if needed); returns the
+    grid's logits ``[R*T, V]`` (valid until the next replay) and each flat token's cell ``[N]``."""
+    rows, width, key_len = shape
+    graphs: GraphSet = cache.graphs
+
+    def fill() -> torch.Tensor:
+        return _fill(graphs, rows, width, batch.slots, batch.num_tokens, cache, batch.input_ids, batch.positions,
+                     model.device)
+
+    cell_index = fill()
+    grid = _grid(graphs, rows, width, key_len)
+    graph, logits = _captured(graphs, ("forward", *shape), lambda: model.head(model.compute(grid, cache)[0]), fill)
     graph.replay()
     return logits, cell_index
+
+
+def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, steps: int) -> torch.Tensor:
+    """:meth:`~specdec.models.base.CausalLM.greedy_chain` as one graph: ``steps`` one-token
+    forwards, each feeding the previous argmax, with positions and cache indices advanced on
+    the device. Returns ``[B, steps]``."""
+    graphs: GraphSet = cache.graphs
+    rows = min(_pow2(max(slots) + 1), cache.num_slots)
+    key_len = model.key_bucket(max(cache.lengths[s] for s in slots) + steps, cache.capacity)
+    start_positions = to_device([cache.lengths[s] for s in slots], model.device)
+
+    def fill() -> torch.Tensor:
+        return _fill(graphs, rows, 1, slots, [1] * len(slots), cache, tokens, start_positions, model.device)
+
+    def body() -> torch.Tensor:
+        grid = _grid(graphs, rows, 1, key_len)
+        real = graphs.real[:rows]
+        out = []
+        for _ in range(steps):
+            token = model.head(model.compute(grid, cache)[0]).argmax(-1)
+            out.append(token)
+            grid.ids.copy_(token)
+            grid.positions.add_(real[:, None])
+            grid.starts.add_(real)
+            grid.write_index.add_(real)
+        return torch.stack(out, dim=1)
+
+    cell_index = fill()
+    graph, out = _captured(graphs, ("greedy_chain", rows, key_len, steps), body, fill)
+    graph.replay()
+    for slot in slots:
+        cache.lengths[slot] += steps
+    return out[cell_index]

@@ -15,6 +15,7 @@ length with a mask, so its cost and plan do not follow every new length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
-from specdec.models.cuda_graphs import GraphSet, graph_shape, replay
+from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.hf import context_window
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -44,8 +45,9 @@ def unsupported_reason(config) -> str | None:
 
 @dataclass
 class StaticKVPool(KVCache):
-    """Keys and values per layer, ``[num_slots, kv_heads, capacity, head_dim]``, zero-filled
-    once (never garbage: masked-out entries must stay finite for the attention kernels)."""
+    """Keys and values per layer, ``[num_slots, kv_heads, capacity + 1, head_dim]`` (the last
+    column is scratch for padding cells), zero-filled once (never garbage: masked-out entries
+    must stay finite for the attention kernels); ``graphs``: the CUDA graphs captured over it."""
 
     keys: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
@@ -64,7 +66,7 @@ def attention_inputs(
     cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int, num_kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Norm, fused q/k/v projection and rotary embedding of ``x`` ``[R, T, H]``: returns ``q``
-    ``[R, heads, T, head_dim]`` and the new keys and values ``[R*T, kv_heads, head_dim]``."""
+    ``[R, heads, T, head_dim]`` and the new keys and values ``[R, kv_heads, T, head_dim]``."""
     rows, width = x.shape[:2]
     head_dim = cos.shape[-1]
     qkv = F.linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
@@ -73,8 +75,7 @@ def attention_inputs(
     # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]
     qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
     q, k = qk.split((num_heads, num_kv_heads), dim=1)
-    new_k = k.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim)
-    return q, new_k, v.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim)
+    return q, k, v
 
 
 def attention_output_and_mlp(
@@ -121,6 +122,8 @@ class Grid:
     ``mask`` ``[R, 1, T, K]`` or None (then the causal chain mask is derived from ``starts``;
     with ``R = T = 1`` and ``K`` exact no mask is needed). ``first_slot``: rows are slots
     ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
+    ``write_range``: ``(slot, start)`` when one row writes all its cells to consecutive entries
+    (a plain slice assignment, cheaper on a CPU than the indexed write), else None.
     """
 
     rows: int
@@ -135,6 +138,7 @@ class Grid:
     first_slot: int | None
     mask: torch.Tensor | None = None
     needs_mask: bool = True
+    write_range: tuple[int, int] | None = None
 
 
 class FastLlamaLM(CausalLM):
@@ -231,10 +235,10 @@ class FastLlamaLM(CausalLM):
         write_slot = [s for s in slots for _ in range(width)]
         write_index = [start + t if t < c else cache.capacity
                        for start, c in zip(starts, counts) for t in range(width)]
-        host = to_device(write_slot + write_index, device)
-        small = to_device(cells + starts + list(slots), device)
-        n = len(cells)
-        cell_index, starts_t, slots_t = small[:n], small[n : n + rows], small[n + rows :]
+        host = to_device(write_slot + write_index + cells + starts + list(slots), device)  # one copy
+        n, cells_at = len(cells), 2 * rows * width
+        cell_index = host[cells_at : cells_at + n]
+        starts_t, slots_t = host[cells_at + n : cells_at + n + rows], host[cells_at + n + rows :]
         dense = n == rows * width
         ids, positions = batch.input_ids, batch.positions
         if not dense:
@@ -245,9 +249,10 @@ class FastLlamaLM(CausalLM):
         key_len = self.key_bucket(needed, cache.capacity)
         first = slots[0]
         g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[: rows * width],
-                 host[rows * width :], starts_t, slots_t,
+                 host[rows * width : cells_at], starts_t, slots_t,
                  first if list(slots) == list(range(first, first + rows)) else None,
-                 needs_mask=not (single and key_len == needed))
+                 needs_mask=not (single and key_len == needed),
+                 write_range=(slots[0], starts[0]) if rows == 1 and not self.use_cuda_graphs else None)
         if batch.tree_mask is not None:
             g.mask = self._tree_mask(batch.tree_mask, cell_index, g)
         return g, cell_index
@@ -268,11 +273,33 @@ class FastLlamaLM(CausalLM):
         query = torch.arange(g.width, device=self.device)[None, :, None]
         return (key <= g.starts[:, None, None] + query)[:, None]
 
-    def _cached(self, pool: torch.Tensor, g: Grid) -> torch.Tensor:
-        """The attended cache of the grid's rows, ``[R, kv_heads, K, head_dim]``."""
+    @staticmethod
+    def _cache_access(g: Grid) -> tuple[Callable, Callable]:
+        """``write(pool, new)`` of new keys or values ``[R, kv_heads, T, head_dim]`` into their cells,
+        and ``read(pool)``: the attended cache of the grid's rows, ``[R, kv_heads, K, head_dim]``.
+        Chosen once per forward: slices where the layout allows (cheapest on a CPU), else indices."""
+        rows, width, key_len = g.rows, g.width, g.key_len
+        if g.write_range is not None:
+            slot, start = g.write_range
+
+            def write(pool: torch.Tensor, new: torch.Tensor) -> None:
+                pool[slot, :, start : start + width] = new[0]
+        else:
+
+            def write(pool: torch.Tensor, new: torch.Tensor) -> None:
+                pool[g.write_slot, :, g.write_index] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])
+
         if g.first_slot is not None:
-            return pool[g.first_slot : g.first_slot + g.rows, :, : g.key_len]
-        return pool.index_select(0, g.slots)[:, :, : g.key_len]
+            first = g.first_slot
+
+            def read(pool: torch.Tensor) -> torch.Tensor:
+                return pool[first : first + rows, :, :key_len]
+        else:
+
+            def read(pool: torch.Tensor) -> torch.Tensor:
+                return pool.index_select(0, g.slots)[:, :, :key_len]
+
+        return write, read
 
     def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset()
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -281,20 +308,24 @@ class FastLlamaLM(CausalLM):
         Pure device work with static shapes for a given (R, T, K): capturable as a CUDA graph."""
         rows, width = g.rows, g.width
         nh, nkv = self.num_heads, self.num_kv_heads
-        cos, sin = self.cos[g.positions][:, None], self.sin_signed[g.positions][:, None]
+        if g.write_range is not None and g.mask is None:  # one chain row: positions are start, start+1, ...
+            start = g.write_range[1]
+            cos, sin = self.cos[start : start + width], self.sin_signed[start : start + width]
+        else:
+            cos, sin = self.cos[g.positions][:, None], self.sin_signed[g.positions][:, None]
         mask = g.mask if g.mask is not None or not g.needs_mask else self._chain_mask(g)
         x = F.embedding(g.ids, self.embed).view(rows, width, -1)
         hidden = {0: x} if 0 in hidden_wanted else {}
+        write, read = self._cache_access(g)
+        gqa = nkv != nh
         for i, layer in enumerate(self.layers):
-            q, new_k, new_v = self._attention_inputs(x, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin,
-                                                     self.eps, nh, nkv)
+            q, k, v = self._attention_inputs(x, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin,
+                                             self.eps, nh, nkv)
             keys, values = cache.keys[i], cache.values[i]
-            keys[g.write_slot, :, g.write_index] = new_k
-            values[g.write_slot, :, g.write_index] = new_v
-            attn = F.scaled_dot_product_attention(
-                q, self._cached(keys, g), self._cached(values, g), attn_mask=mask, scale=self.scale,
-                enable_gqa=nkv != nh,
-            )
+            write(keys, k)
+            write(values, v)
+            attn = F.scaled_dot_product_attention(q, read(keys), read(values), attn_mask=mask, scale=self.scale,
+                                                  enable_gqa=gqa)
             x = self._attention_output_and_mlp(x, attn, layer.o_weight, layer.o_bias, layer.post_norm,
                                                layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
                                                layer.down_bias, self.eps)
@@ -305,6 +336,15 @@ class FastLlamaLM(CausalLM):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and output head: ``[M, H]`` -> logits ``[M, V]``."""
         return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
+
+    @torch.inference_mode()
+    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int) -> torch.Tensor:
+        fits = all(cache.lengths[s] + steps <= cache.capacity for s in slots)
+        if not (self.use_cuda_graphs and fits):
+            return super().greedy_chain(tokens, slots, cache, steps)
+        if cache.graphs is None:
+            cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
+        return replay_greedy_chain(self, tokens, slots, cache, steps)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
