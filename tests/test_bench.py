@@ -26,7 +26,7 @@ from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
 
-SPEC_BENCH = workloads.repo_root() / workloads.SPEC_BENCH_RELATIVE
+SPEC_BENCH = workloads.SPEC_BENCH_FILE
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -115,7 +115,7 @@ def test_catalogue_is_plain_the_drafter_registry_and_the_peers(extra_drafters):
 
 # ---------------------------------------------------------------- workloads
 def test_spec_bench_loader_reads_the_real_file():
-    assert SPEC_BENCH.is_file(), f"the Spec-Bench question file is expected at {SPEC_BENCH} (../shared beside the repo)"
+    assert SPEC_BENCH.is_file(), f"the Spec-Bench question file is expected at {SPEC_BENCH} (shipped in the package)"
     questions = load_spec_bench()
     assert len(questions) == 480
     categories = {q.category for q in questions}

@@ -116,8 +116,8 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--data",
         type=Path,
         default=None,
-        help="question file (spec_bench: default ../shared/data/spec_bench/question.jsonl relative to the "
-        "repository; jsonl: required) or a corpus folder (code)",
+        help="question file (spec_bench: default the Spec-Bench questions shipped with specdec; jsonl: "
+        "required) or a corpus folder (code)",
     )
     work.add_argument(
         "--categories", default=None, help="comma-separated categories (or Spec-Bench sub-categories) to keep"

@@ -5,8 +5,8 @@ Three sources:
 - ``spec_bench``: the Spec-Bench question file (``question_id``, ``category``, ``turns``). Its
   eight MT-bench sub-categories (writing, roleplay, ...) form the category ``mt_bench``, as in
   Spec-Bench's own report, giving six categories: mt_bench, translation, summarization, qa,
-  math_reasoning, rag. The default file is ``../shared/data/spec_bench/question.jsonl``
-  relative to the repository.
+  math_reasoning, rag. The default file ships in the package (``specdec/assets/spec_bench``,
+  Apache-2.0, its ``LICENSE`` beside it).
 - ``jsonl``: any JSONL file whose rows have a ``prompt`` string or a ``turns`` list (an optional
   ``category``, default ``"default"``, and an optional ``question_id``/``id``).
 - ``code``: held-out code prompts from :func:`specdec.train.corpus.code_prompts`, category ``"code"``.
@@ -29,7 +29,8 @@ WORKLOADS = ("code", "spec_bench", "jsonl")
 MT_BENCH_SUBCATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )
-SPEC_BENCH_RELATIVE = Path("..") / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH_FILE = Path(__file__).resolve().parents[1] / "assets" / "spec_bench" / "question.jsonl"
+"""Spec-Bench's 480 questions (Apache-2.0, ``LICENSE`` beside it), shipped inside the package."""
 TURN_SEPARATOR = "\n\n"
 
 
@@ -43,21 +44,12 @@ class Question:
     subcategory: str = ""
 
 
-def repo_root() -> Path:
-    """The repository folder of this (src-layout) checkout: the parent of ``src/``."""
-    return Path(__file__).resolve().parents[3]
-
-
 def default_spec_bench_path() -> Path:
-    """The Spec-Bench question file next to the repository, else next to the working directory."""
-    for base in (repo_root(), Path.cwd()):
-        candidate = (base / SPEC_BENCH_RELATIVE).resolve()
-        if candidate.is_file():
-            return candidate
-    raise SpecDecError(
-        f"the Spec-Bench question file was not found at {SPEC_BENCH_RELATIVE} relative to the repository "
-        f"({repo_root()}) or the working directory; pass it with --data FILE"
-    )
+    """The Spec-Bench question file shipped with specdec."""
+    if not SPEC_BENCH_FILE.is_file():
+        raise SpecDecError(f"the Spec-Bench question file is missing from the installation ({SPEC_BENCH_FILE}); "
+                           "pass one with --data FILE")
+    return SPEC_BENCH_FILE
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
