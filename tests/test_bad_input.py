@@ -39,6 +39,14 @@ def test_empty_prompt(llm):
         llm.generate({"prompt_token_ids": []})
 
 
+def test_bad_stream_prompt_raises_at_the_call_and_queues_nothing(llm):
+    with pytest.raises(SpecDecError, match="empty prompt"):
+        llm.stream({"prompt_token_ids": []})
+    with pytest.raises(SpecDecError, match="outside the vocabulary"):
+        llm.stream({"prompt_token_ids": [1, 10**6]})
+    assert not llm.scheduler.has_work
+
+
 def test_text_prompt_without_tokenizer(llm):
     with pytest.raises(SpecDecError, match="has no tokenizer"):
         llm.generate("hello")

@@ -18,7 +18,7 @@ import torch
 
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.metrics import BatchMetrics, StageClock
-from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
+from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.verify import verify_greedy, verify_stochastic
@@ -58,15 +58,14 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, seqs: list[Sequence]) -> None:
         """Start sequences whose ``slot`` is set: every prompt token but the pending one into the
-        target's slot, in one ragged forward, and the prompts into the drafter."""
+        target's slot (ragged forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), and the
+        prompts into the drafter."""
         clock = self._clock
         clock.start()
         for s in seqs:
             self.cache.release(s.slot)
         rows = [s for s in seqs if len(s.prompt_ids) > 1]
-        if rows:
-            batch = ForwardBatch.from_rows([s.prompt_ids[:-1] for s in rows], [0] * len(rows),
-                                           [s.slot for s in rows], self.target.device, logits="none")
+        for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.target.device):
             self.target.forward(batch, self.cache)
         if self.drafter is not None:
             self.drafter.add(seqs)
@@ -103,19 +102,25 @@ class Engine:
         logits = self.target.forward(batch, self.cache).logits
         clock.lap("target")
 
-        # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call.
+        # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
+        #    no drafts at all this is plain sampling from the target (what verification reduces to).
         width = draft.tokens.shape[1]
-        target_logits = logits[grid]  # [B, K+1, V]
-        num_draft = to_device(draft.num_draft, device) if width else torch.zeros_like(grid[:, 0])
-        if sampling.all_greedy:
-            output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
+        if width == 0:  # logits are [B, V], one row per sequence
+            token = logits.argmax(-1) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
+            result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
-            probs = sampling.probs(target_logits)
-            uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
-            noise = sampling.noise(probs[:, 0])
-            output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
-        # The step's one host sync: every row's emitted tokens and accepted count.
-        result = torch.cat([output, num_accepted[:, None]], dim=1).tolist()
+            target_logits = logits[grid]  # [B, K+1, V]
+            num_draft = to_device(draft.num_draft, device)
+            if sampling.all_greedy:
+                output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
+            else:
+                probs = sampling.probs(target_logits)
+                uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
+                noise = sampling.noise(probs[:, 0])
+                output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms,
+                                                         noise)
+            # The step's one host sync: every row's emitted tokens and accepted count.
+            result = torch.cat([output, num_accepted[:, None]], dim=1).tolist()
         clock.lap("other")
 
         # 4. Commit: emit accepted drafts plus the recovered/bonus token, stopping exactly at a stop

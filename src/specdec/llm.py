@@ -29,7 +29,7 @@ import torch
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
-from specdec.metrics import RequestMetrics
+from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
@@ -155,7 +155,7 @@ class LLM:
         return self.target.name
 
     @property
-    def batch_metrics(self):
+    def batch_metrics(self) -> BatchMetrics:
         """:class:`~specdec.metrics.BatchMetrics` over every step this LLM has run."""
         return self.engine.metrics
 
@@ -276,9 +276,13 @@ class LLM:
     # ------------------------------------------------------------------ generation
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamOutput]:
         """Yield token ids and text deltas of one prompt as each step completes. Streams of one
-        ``LLM`` may be consumed interleaved; closing one early aborts its request."""
+        ``LLM`` may be consumed interleaved; closing one early aborts its request. A bad prompt
+        raises here, at the call; the request joins the batch at the first ``next()``."""
         params = sampling_params or SamplingParams()
         text, prompt_ids = self.encode_prompt(prompt)
+        return self._stream(text, prompt_ids, params)
+
+    def _stream(self, text: str | None, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamOutput]:
         request = self._submit(text, prompt_ids, params, streaming=True)
         try:
             while True:

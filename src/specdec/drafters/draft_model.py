@@ -6,7 +6,7 @@ import torch
 
 from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
 from specdec.errors import SpecDecError
-from specdec.models.base import CausalLM, ForwardBatch, to_device
+from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
 from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -77,9 +77,7 @@ class DraftModelDrafter(Drafter):
         rows = [s for s in seqs if 1 < len(s.prompt_ids) <= self.capacity]
         for s in seqs:
             self.cache.release(s.slot)
-        if rows:
-            batch = ForwardBatch.from_rows([s.prompt_ids[:-1] for s in rows], [0] * len(rows),
-                                           [s.slot for s in rows], self.model.device, logits="none")
+        for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.model.device):
             self.model.forward(batch, self.cache)
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:

@@ -89,6 +89,28 @@ class ForwardBatch:
         return cls(data[0], data[1], list(slots), cu, logits_rows=wanted)
 
 
+PREFILL_TOKEN_BUDGET = 4096
+"""Padded tokens (rows x longest row) of one prefill forward: the attention mask and the
+activations of a ragged prefill grow with rows x length, so long prompts go a few at a time."""
+
+
+def prefill_batches(
+    rows: Sequence[Sequence[int]], slots: Sequence[int], device: torch.device, budget: int = PREFILL_TOKEN_BUDGET
+) -> list[ForwardBatch]:
+    """Prompts into empty slots as few forwards as ``budget`` allows: row ``b`` feeds ``rows[b]``
+    into slot ``slots[b]`` from position 0, no logits wanted."""
+    batches, group = [], []
+    for row, slot in sorted(zip(rows, slots), key=lambda item: len(item[0])):
+        if group and (len(group) + 1) * len(row) > budget:
+            batches.append(group)
+            group = []
+        group.append((row, slot))
+    if group:
+        batches.append(group)
+    return [ForwardBatch.from_rows([r for r, _ in g], [0] * len(g), [s for _, s in g], device, logits="none")
+            for g in batches]
+
+
 @dataclass
 class ForwardOutput:
     """``logits`` ``[M, V]`` of the wanted rows; ``hidden`` ``[M, len(hidden_layers), H]`` or None."""

@@ -191,6 +191,13 @@ class FastLlamaLM(CausalLM):
                     down_bias=mlp.down_proj.bias,
                 )
             )
+        # Each layer's tensors in the argument order of the two per-layer functions.
+        self._layer_args = [
+            ((layer.input_norm, layer.qkv_weight, layer.qkv_bias),
+             (layer.o_weight, layer.o_bias, layer.post_norm, layer.gate_up_weight, layer.gate_up_bias,
+              layer.down_weight, layer.down_bias))
+            for layer in self.layers
+        ]
         # cos/sin for every position, computed once by the model's own rotary module.
         with torch.no_grad():
             positions = torch.arange(self.max_length, device=self.device)[None]
@@ -318,17 +325,15 @@ class FastLlamaLM(CausalLM):
         hidden = {0: x} if 0 in hidden_wanted else {}
         write, read = self._cache_access(g)
         gqa = nkv != nh
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._attention_inputs(x, layer.input_norm, layer.qkv_weight, layer.qkv_bias, cos, sin,
-                                             self.eps, nh, nkv)
+        eps = self.eps
+        for i, (attention_args, mlp_args) in enumerate(self._layer_args):
+            q, k, v = self._attention_inputs(x, *attention_args, cos, sin, eps, nh, nkv)
             keys, values = cache.keys[i], cache.values[i]
             write(keys, k)
             write(values, v)
             attn = F.scaled_dot_product_attention(q, read(keys), read(values), attn_mask=mask, scale=self.scale,
                                                   enable_gqa=gqa)
-            x = self._attention_output_and_mlp(x, attn, layer.o_weight, layer.o_bias, layer.post_norm,
-                                               layer.gate_up_weight, layer.gate_up_bias, layer.down_weight,
-                                               layer.down_bias, self.eps)
+            x = self._attention_output_and_mlp(x, attn, *mlp_args, eps)
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
