@@ -91,20 +91,22 @@ class Engine:
         # 1. Propose: at most k drafts per row, never more than the tokens it may still emit
         #    minus the one the target always adds.
         ks = [max(0, min(self.k, s.remaining - 1)) for s in seqs]
-        if self.drafter is not None and any(ks):
-            draft = self.drafter.propose(seqs, ks, sampling)
-        else:
-            draft = DraftBatch(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
+        draft = self.drafter.propose(seqs, ks, sampling) if self.drafter is not None and any(ks) else None
+        width = draft.tokens.shape[1] if draft is not None else 0
+        num_drafted = draft.num_draft if draft is not None else [0] * len(seqs)
         clock.lap("drafting")
 
         # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n.
-        batch, grid = self._verify_batch(seqs, draft)
+        if width == 0:
+            batch = ForwardBatch.from_rows([s.token_ids[-1:] for s in seqs], [len(s.token_ids) - 1 for s in seqs],
+                                           [s.slot for s in seqs], device)
+        else:
+            batch, grid = self._verify_batch(seqs, draft)
         logits = self.target.forward(batch, self.cache).logits
         clock.lap("target")
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
         #    no drafts at all this is plain sampling from the target (what verification reduces to).
-        width = draft.tokens.shape[1]
         if width == 0:  # logits are [B, V], one row per sequence
             token = logits.argmax(-1) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
@@ -127,7 +129,7 @@ class Engine:
         #    token or the token budget; roll each slot back to L+1+a.
         outputs = []
         accepted = []
-        for s, row, drafted in zip(seqs, result, draft.num_draft):
+        for s, row, drafted in zip(seqs, result, num_drafted):
             n = row[-1]
             start = len(s.token_ids) - 1
             kept = s.commit(row[: n + 1])

@@ -123,7 +123,8 @@ class Grid:
     with ``R = T = 1`` and ``K`` exact no mask is needed). ``first_slot``: rows are slots
     ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
     ``write_range``: ``(slot, start)`` when one row writes all its cells to consecutive entries
-    (a plain slice assignment, cheaper on a CPU than the indexed write), else None.
+    (a plain slice assignment, cheaper on a CPU than the indexed write; ``write_slot`` and
+    ``write_index`` are then None), else None.
     """
 
     rows: int
@@ -131,8 +132,8 @@ class Grid:
     key_len: int
     ids: torch.Tensor
     positions: torch.Tensor
-    write_slot: torch.Tensor
-    write_index: torch.Tensor
+    write_slot: torch.Tensor | None
+    write_index: torch.Tensor | None
     starts: torch.Tensor
     slots: torch.Tensor | None
     first_slot: int | None
@@ -238,6 +239,8 @@ class FastLlamaLM(CausalLM):
         device, counts, slots = self.device, batch.num_tokens, batch.slots
         starts = [cache.lengths[s] for s in slots]
         rows, width = len(counts), max(counts)
+        if rows == 1 and batch.tree_mask is None and not self.use_cuda_graphs:
+            return self._single_row_grid(batch, starts[0], cache)
         cells = [b * width + t for b, c in enumerate(counts) for t in range(c)]
         write_slot = [s for s in slots for _ in range(width)]
         write_index = [start + t if t < c else cache.capacity
@@ -259,10 +262,22 @@ class FastLlamaLM(CausalLM):
                  host[rows * width : cells_at], starts_t, slots_t,
                  first if list(slots) == list(range(first, first + rows)) else None,
                  needs_mask=not (single and key_len == needed),
-                 write_range=(slots[0], starts[0]) if rows == 1 and not self.use_cuda_graphs else None)
+                 write_range=None)
         if batch.tree_mask is not None:
             g.mask = self._tree_mask(batch.tree_mask, cell_index, g)
         return g, cell_index
+
+    def _single_row_grid(self, batch: ForwardBatch, start: int, cache: StaticKVPool) -> tuple[Grid, torch.Tensor]:
+        """The one-row chain case of :meth:`grid` (every batch-1 step), with only the index
+        tensors it uses: writes and reads are slices, cells are the flat tokens themselves."""
+        width, slot = batch.num_tokens[0], batch.slots[0]
+        needed = start + width
+        key_len = self.key_bucket(needed, cache.capacity)
+        cells = torch.arange(width, device=self.device)
+        starts = cells.new_full((1,), start)
+        g = Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, starts, None, slot,
+                 needs_mask=not (width == 1 and key_len == needed), write_range=(slot, start))
+        return g, cells
 
     def _tree_mask(self, tree_mask: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> torch.Tensor:
         """``[R, 1, T, K]``: the committed context, plus the new tokens the tree lets each token see."""
