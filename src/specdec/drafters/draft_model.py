@@ -122,9 +122,7 @@ class DraftModelDrafter(Drafter):
                 keep = to_device(still, self.model.device)
                 token, index, rows = token[keep], index[keep], rows.select(still)
                 active = [active[j] for j in still]
-            slots = [seqs[b].slot for b in active]
-            positions = to_device([self.cache.lengths[s] for s in slots], self.model.device)
-            step = ForwardBatch(token, positions, slots, list(range(len(slots) + 1)))
+            step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], self.cache)
             logits = self.model.forward(step, self.cache).logits
         return DraftBatch(tokens, ks, probs)
 

@@ -66,6 +66,12 @@ class ForwardBatch:
         return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:])]
 
     @classmethod
+    def one_token_per_row(cls, tokens: torch.Tensor, slots: Sequence[int], cache: KVCache) -> ForwardBatch:
+        """Row ``b`` feeds ``tokens[b]`` (``[B]`` on the device) into slot ``slots[b]`` at its cached length."""
+        positions = to_device([cache.lengths[s] for s in slots], tokens.device)
+        return cls(tokens, positions, list(slots), list(range(len(slots) + 1)))
+
+    @classmethod
     def from_rows(
         cls, rows: Sequence[Sequence[int]], starts: Sequence[int], slots: Sequence[int], device: torch.device,
         logits: str = "all",
@@ -177,9 +183,7 @@ class CausalLM(ABC):
         """
         out = []
         for _ in range(steps):
-            positions = to_device([cache.lengths[s] for s in slots], self.device)
-            tokens = self.forward(ForwardBatch(tokens, positions, list(slots), list(range(len(slots) + 1))),
-                                  cache).logits.argmax(-1)
+            tokens = self.forward(ForwardBatch.one_token_per_row(tokens, slots, cache), cache).logits.argmax(-1)
             out.append(tokens)
         return torch.stack(out, dim=1)
 

@@ -209,14 +209,6 @@ class FastLlamaLM(CausalLM):
         self.cos = cos[0]
         self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
-    @property
-    def parameter_bytes(self) -> int:
-        """Bytes of weights read by one forward (embedding rows excluded, the output head included)."""
-        tensors = [self.final_norm, self.lm_head]
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def new_cache(self, num_slots: int, capacity: int) -> StaticKVPool:
         # One scratch column past ``capacity`` takes the writes of padding cells.
         shape = (num_slots, self.num_kv_heads, capacity + 1, self.head_dim)
