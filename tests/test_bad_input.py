@@ -241,3 +241,139 @@ def test_cli_unknown_method_is_argparse_error(capsys):
         main(["generate", "x", "--speculative-method", "magic"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- issue 13: inputs that used to escape
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"seed": 2**64}, "seed must be None or an integer in 0..2"),
+        ({"seed": -1}, "seed must be None or an integer in 0..2"),
+        ({"seed": True}, "seed must be None or an integer"),
+        ({"temperature": True}, "temperature must be a finite number"),
+        ({"top_k": True}, "top_k must be an integer"),
+        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"top_p": "0.5"}, "top_p must be in"),
+        ({"min_p": None}, "min_p must be in"),
+        ({"top_p": float("nan")}, "top_p must be in"),
+        ({"stop": 5}, "stop must be a list of strings"),
+        ({"stop": [1]}, "stop must be a list of strings"),
+        ({"stop": "\ud800"}, "stop string is not valid UTF-8"),
+        ({"stop_token_ids": 7}, "stop_token_ids must be a list of integers"),
+        ({"stop_token_ids": [True]}, "stop_token_ids must be non-negative integers"),
+        ({"ignore_eos": "yes"}, "ignore_eos must be True or False"),
+    ],
+)
+def test_bad_sampling_params_escaping_before(kwargs, message):
+    with pytest.raises(SpecDecError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_a_tiny_temperature_is_greedy(llm):
+    greedy = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=6))[0]
+    for temperature in (1e-45, 1e-300, 5e-6):
+        params = SamplingParams(temperature=temperature, max_tokens=6, seed=3)
+        assert params.greedy
+        out = llm.generate({"prompt_token_ids": [1, 2, 3]}, params)[0]
+        assert out.outputs[0].token_ids == greedy.outputs[0].token_ids
+    assert not SamplingParams(temperature=1e-4).greedy
+
+
+def test_sampling_params_are_immutable_and_replace_revalidates():
+    import dataclasses
+
+    params = SamplingParams(stop=["a"], stop_token_ids=[3])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.stop = ["b"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.temperature = -1.0
+    assert dataclasses.replace(params, stop="b").stop_strings == ("b",)
+    with pytest.raises(SpecDecError, match="temperature must be >= 0"):
+        dataclasses.replace(params, temperature=-1.0)
+    assert params.stop == ("a",) and params.stop_token_ids == (3,)
+
+
+def test_bool_prompt_token_ids_are_rejected(llm):
+    with pytest.raises(SpecDecError, match="prompt_token_ids must be a list of integers"):
+        llm.generate({"prompt_token_ids": [True, 2]})
+
+
+def test_lone_surrogates_in_a_prompt(text_model_dirs):
+    llm = LLM(text_model_dirs["target"], dtype="float64")
+    for prompt in ("\ud800", "abc\udcff"):
+        with pytest.raises(SpecDecError, match="prompt is not valid UTF-8 text: lone surrogate"):
+            llm.generate(prompt)
+    with pytest.raises(SpecDecError, match="'prompt' must be a string"):
+        llm.generate({"prompt": 5, "prompt_token_ids": [1, 2]})
+
+
+@pytest.mark.parametrize(
+    "prompts,params,message",
+    [
+        (None, None, "prompts must be a prompt or a list of prompts"),
+        (5, None, "prompts must be a prompt or a list of prompts"),
+        ([{"prompt_token_ids": [1]}], [{"temperature": 0}], "sampling_params must be SamplingParams"),
+        ([{"prompt_token_ids": [1]}], {"temperature": 0}, "sampling_params must be SamplingParams"),
+        ([{"prompt_token_ids": [1]}], 0.5, "sampling_params must be SamplingParams"),
+        ([{"prompt_token_ids": [1]}], SamplingParams(stop_token_ids=[10_000]), "stop_token_ids .* outside the voc"),
+    ],
+)
+def test_bad_generate_arguments(llm, prompts, params, message):
+    with pytest.raises(SpecDecError, match=message):
+        llm.generate(prompts, params)
+    assert not llm.scheduler.has_work
+
+
+def test_none_in_the_sampling_params_list_means_the_defaults(llm):
+    out = llm.generate([{"prompt_token_ids": [1, 2]}], [None])
+    assert len(out[0].outputs[0].token_ids) == SamplingParams().max_tokens
+
+
+def test_out_of_vocabulary_stop_token_in_a_stream(llm):
+    with pytest.raises(SpecDecError, match="outside the vocabulary"):
+        llm.stream({"prompt_token_ids": [1, 2]}, SamplingParams(stop_token_ids=[96]))
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens must be an integer"),
+        ({"method": "ngram", "prompt_lookup_max": True}, "prompt_lookup_min <= prompt_lookup_max"),
+        ({"method": "ngram", "prompt_lookup_max": 10**7}, "prompt_lookup_max <= 32"),
+        ({"method": "ngram", "model": "some/draft"}, "'ngram' takes no 'model'"),
+        ({"method": ["ngram"]}, "unknown speculative method"),
+    ],
+)
+def test_bad_speculative_config_escaping_before(model_dirs, config, message):
+    with pytest.raises(SpecDecError, match=message):
+        LLM(model_dirs["llama"]["target"], speculative_config=config)
+
+
+@pytest.mark.parametrize(
+    "patch,message",
+    [
+        ({"hidden_size": "big"}, "hidden_size"),
+        ({"vocab_size": -5}, "vocab_size=-5; it must be a positive integer"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers=0"),
+    ],
+)
+def test_broken_draft_config(model_dirs, tmp_path, patch, message):
+    draft = tmp_path / "draft"
+    build_model("llama", seed=5, layers=1).save_pretrained(draft)
+    config = json.loads((draft / "config.json").read_text())
+    config.update(patch)
+    (draft / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecDecError, match=message):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "draft_model", "model": str(draft)})
+
+
+def test_truncated_weights(model_dirs, tmp_path):
+    draft = tmp_path / "draft"
+    build_model("llama", seed=5, layers=1).save_pretrained(draft)
+    weights = draft / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SpecDecError, match="could not load model"):
+        LLM(model_dirs["llama"]["target"], speculative_config={"method": "draft_model", "model": str(draft)})
+    (draft / "config.json").write_text("{nope")
+    with pytest.raises(SpecDecError, match="could not load the config"):
+        LLM(draft)

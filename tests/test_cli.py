@@ -1,6 +1,7 @@
 """``specdec generate`` end to end on tiny models."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,102 @@ def test_cli_starts_without_importing_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- issue 13: first run and bad values
+def test_version(capsys):
+    from specdec import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"specdec {__version__}"
+
+
+def test_plain_mode_separates_the_prompts_of_a_file(text_model_dirs, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def g():"}\n{"prompt_token_ids": [5, 6, 7]}\n')
+    common = ["generate", "--prompts-file", str(prompts), "--model", str(text_model_dirs["target"]),
+              "--max-tokens", "4", "--dtype", "float64"]
+    for extra in ([], ["--stream"]):
+        assert main([*common, *extra]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert "--- prompt 1/2 ---" in lines and "--- prompt 2/2 ---" in lines
+        assert lines.index("--- prompt 1/2 ---") < lines.index("--- prompt 2/2 ---")
+    assert main(["generate", "x", *common[3:5], "--max-tokens", "2"]) == 0
+    assert "--- prompt" not in capsys.readouterr().out  # one prompt: no separator
+
+
+def test_json_says_which_dtype_ran(text_model_dirs, capsys):
+    argv = ["generate", "x", "--model", str(text_model_dirs["target"]), "--max-tokens", "2", "--json"]
+    assert main([*argv, "--dtype", "float64"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["dtype"] == "float64" and record["speculative_dtype"] is None
+    assert main([*argv, "--dtype", "float32", "--speculative-model", str(text_model_dirs["draft"])]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["dtype"] == "float32" and record["speculative_dtype"] == "float32"
+
+
+BAD_VALUES = [
+    (["x", "--stream", "--json"], "--stream and --json do not combine"),
+    (["x", "--seed", str(2**64)], "seed must be None or an integer in 0..2**64-1"),
+    (["x", "--seed", "-3"], "seed must be None or an integer"),
+    (["x", "--temperature", "nan"], "temperature must be a finite number"),
+    (["x", "--temperature", "inf"], "temperature must be a finite number"),
+    (["x", "--top-p", "nan"], "top_p must be in"),
+    (["x", "--top-k", "-2"], "top_k must be an integer >= -1"),
+    (["x", "--max-tokens", "many"], "invalid int value"),
+    (["x", "--stop", "\udcff"], "stop string is not valid UTF-8"),
+    (["\udcff"], "prompt is not valid UTF-8 text"),
+    (["x", "--speculative-method", "ngram", "--prompt-lookup-max", "10000000"], "prompt_lookup_max <= 32"),
+    (["x", "--speculative-method", "ngram", "--speculative-model", "DRAFT"], "takes no --speculative-model"),
+    (["x", "--max-num-seqs", "0"], "max_num_seqs must be"),
+    (["x", "--dtype", "float8"], "unknown dtype"),
+    (["x", "--device", "toaster"], "unknown device"),
+    (["x", "--backend", "turbo"], "invalid choice"),
+    (["x", "--no-such-flag"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_VALUES)
+def test_every_bad_value_exits_2_with_one_line(text_model_dirs, capsys, argv, message):
+    argv = [a.replace("DRAFT", str(text_model_dirs["draft"])) for a in argv]
+    try:
+        code = main(["generate", *argv, "--model", str(text_model_dirs["target"]), "--max-tokens", "2"])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_prompts_files_exit_2_with_one_line(text_model_dirs, tmp_path, capsys):
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"prompt": "\\ud800"}\n')
+    unreadable = tmp_path / "unreadable.jsonl"
+    unreadable.write_text('{"prompt": "x"}\n')
+    unreadable.chmod(0)
+    cases = [
+        (latin1, "latin1.jsonl:1: not UTF-8 text"),
+        (surrogate, "prompt is not valid UTF-8 text"),
+        (tmp_path, "is a directory, not a file"),
+        (tmp_path / "missing.jsonl", "does not exist"),
+    ]
+    if os.geteuid() != 0:  # root reads anything
+        cases.append((unreadable, "cannot be read"))
+    for path, message in cases:
+        code = main(["generate", "--prompts-file", str(path), "--model", str(text_model_dirs["target"]),
+                     "--max-tokens", "2"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and message in err and len(err.splitlines()) == 1, (path, err)
+
+
+def test_non_utf8_argument_from_a_real_process(text_model_dirs):
+    result = subprocess.run(
+        [sys.executable.encode(), b"-m", b"specdec.cli", b"generate", b"caf\xe9", b"--model",
+         str(text_model_dirs["target"]).encode(), b"--max-tokens", b"2"],
+        capture_output=True, timeout=120,
+    )
+    err = result.stderr.decode("utf-8", "replace").strip()
+    assert result.returncode == 2 and "not valid UTF-8" in err and len(err.splitlines()) == 1, err

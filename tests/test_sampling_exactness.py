@@ -117,6 +117,10 @@ CASES = [
     ("draft_model", 2, (3, 2)),
     # A deterministic drafter: verified against a one-hot q.
     ("ngram", 2, (3, 2)),
+    # A deterministic drafter whose drafts also come from earlier requests' (sampled) outputs.
+    ("suffix", 2, (3, 2)),
+    # The target's first layer and head draft (q returned); verification resumes after that layer.
+    ("layer_skip", 2, (3, 2)),
 ]
 
 
@@ -126,7 +130,7 @@ def test_mixed_batch_sampling_matches_target(pair, method, k, max_tokens):
     spec = {"method": method, "num_speculative_tokens": k}
     if method == "draft_model":
         spec["model"] = str(root / "draft")
-    prompt = NGRAM_PROMPT if method == "ngram" else PROMPT
+    prompt = NGRAM_PROMPT if method in ("ngram", "suffix") else PROMPT
     llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
     results = pvalues(target, llm, prompt, max_tokens)
     for settings, pvalue in zip(SETTINGS, results):

@@ -136,3 +136,28 @@ def test_stop_strings_per_row_in_one_batch(text_model_dirs):
     assert outputs[1].outputs[0].token_ids == refs[1].token_ids
     assert outputs[2].outputs[0].token_ids == refs[0].token_ids
     assert not llm.scheduler.has_work and llm.engine.cache.lengths == [0, 0]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("stop", ["€", "1 €", "€ y", "→"])
+def test_multibyte_stop_string_split_across_tokens(tokenizer_dir, stop, streaming):
+    """A stop string whose characters span several byte-level tokens (the tokenizer never saw them) is
+    found when the token completing its last character arrives, and the text is cut before it."""
+    from transformers import AutoTokenizer
+
+    from specdec.text import TextTracker
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = "x = 1 € y → z"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) > len(text.split())  # the multi-byte characters are several tokens each
+    tracker = TextTracker(tokenizer, (stop,), streaming=streaming)
+    kept = 0
+    for token in ids:
+        kept += tracker.add([token])
+        assert stop not in tracker.delta(final=tracker.stopped)
+        if tracker.stopped:
+            break
+    assert tracker.stopped
+    assert tracker.text == text[: text.index(stop)]
+    assert stop in tokenizer.decode(ids[:kept]) and stop not in tokenizer.decode(ids[: kept - 1])

@@ -278,3 +278,17 @@ def test_bad_training_inputs_raise(
         train_draft(
             tmp_path / "nothing", resolve_preset("draft", "tiny"), _settings(tmp_path, max_steps=2), distill
         )
+
+
+def test_long_stages_show_progress(corpus: Path, target_dir: Path, tmp_path: Path, capsys) -> None:
+    """Tokenizer training, corpus tokenization and the draft's final acceptance check each report progress
+    on stderr (they used to be silent for seconds to minutes)."""
+    train_tokenizer(tmp_path / "tok", vocab_size=280, corpus_dirs=[corpus])
+    assert "training a 280-token BPE on" in capsys.readouterr().err
+    tok = load_tokenizer(tmp_path / "tok", required=True)
+    token_stream(split_files([corpus])["train"], tok, tmp_path / "cache")
+    assert "tokenizing corpus" in capsys.readouterr().err
+    model, _ = load_hf_model(target_dir, torch.float32, torch.device("cpu"))
+    greedy_acceptance(model, model, [[5, 6, 7], [8, 9]], new_tokens=3)
+    err = capsys.readouterr().err
+    assert "acceptance check" in err and "2/2" in err

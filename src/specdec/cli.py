@@ -9,22 +9,37 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from specdec.errors import SpecDecError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors (a bad flag or value) are one line on stderr and exit status 2,
+    like a :class:`SpecDecError`; its sub-command parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from specdec import __version__
     from specdec.bench.cli import register as register_bench
     from specdec.generate_cli import register as register_generate
+    from specdec.server.cli import register as register_serve
+    from specdec.server.loadgen import register as register_bench_serve
     from specdec.train.cli import register as register_train
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="specdec", description="Lossless speculative decoding for Hugging Face causal LMs."
     )
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_generate(sub)
     register_train(sub)
     register_bench(sub)
+    register_serve(sub)
+    register_bench_serve(sub)
     return parser
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.adaptive import AdaptiveK, FixedK, StepCost
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
@@ -41,17 +42,21 @@ class Engine:
     """Runs batched steps of a target model over its KV pool with an optional drafter.
 
     ``num_speculative_tokens`` is k, the most drafts a row proposes per step (0 without a
-    drafter). The engine owns the target's pool; slots are assigned by the scheduler.
+    drafter); ``policy`` picks each row's k within it every step (default: always k; see
+    :mod:`specdec.adaptive`). The engine owns the target's pool; slots are assigned by the scheduler.
     """
 
     def __init__(
         self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
-        max_model_len: int,
+        max_model_len: int, policy: FixedK | AdaptiveK | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
+        self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
         self.cache: KVCache = target.new_cache(num_slots, max_model_len)
+        if drafter is not None:
+            drafter.bind_target_cache(self.cache)
         self.metrics = BatchMetrics()
         self._clock = StageClock(target.device)
 
@@ -78,6 +83,7 @@ class Engine:
     def release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's slot and drafter state."""
         self.cache.release(seq.slot)
+        self.policy.release(seq)
         if self.drafter is not None:
             self.drafter.release(seq)
 
@@ -88,9 +94,9 @@ class Engine:
         clock.start()
         sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device)
 
-        # 1. Propose: at most k drafts per row, never more than the tokens it may still emit
-        #    minus the one the target always adds.
-        ks = [max(0, min(self.k, s.remaining - 1)) for s in seqs]
+        # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
+        #    emit minus the one the target always adds.
+        ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs])
         draft = self.drafter.propose(seqs, ks, sampling) if self.drafter is not None and any(ks) else None
         width = draft.tokens.shape[1] if draft is not None else 0
         num_drafted = draft.num_draft if draft is not None else [0] * len(seqs)
@@ -146,8 +152,11 @@ class Engine:
                 self.drafter.observe([s for s, _ in going_on], [a for _, a in going_on])
         clock.lap("drafting")
 
-        # 6. Metrics; the outputs go to the scheduler.
-        self._record(seqs, outputs, clock.read())
+        # 6. Metrics and the policy's measurements; the outputs go to the scheduler.
+        times = clock.read()
+        self._record(seqs, outputs, times)
+        self.policy.observe(seqs, num_drafted, accepted, StepCost(
+            len(seqs) + sum(num_drafted), width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs
 
     def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor]:
@@ -168,7 +177,11 @@ class Engine:
         table = torch.cat([host[2 * n + len(grid) :, None], draft.tokens], dim=1)
         input_ids = table.reshape(-1)[host[:n]]
         grid_t = host[2 * n : 2 * n + len(grid)].view(len(seqs), width + 1)
-        return ForwardBatch(input_ids, host[n : 2 * n], [s.slot for s in seqs], cu), grid_t
+        batch = ForwardBatch(input_ids, host[n : 2 * n], [s.slot for s in seqs], cu)
+        if draft.hidden is not None:  # the drafter already ran the first layers: resume after them
+            batch.input_hidden = draft.hidden.reshape(-1, draft.hidden.shape[-1])[host[:n]]
+            batch.layers = draft.remaining_layers
+        return batch, grid_t
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
         m = self.metrics

@@ -112,6 +112,8 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     if method != PLAIN and DRAFTERS[method].needs_model:
         if not draft:
             raise SpecDecError(f"--speculative-method {method} needs --speculative-model")
+    elif args.speculative_model is not None:
+        raise SpecDecError(f"--speculative-method {method} takes no --speculative-model")
     else:
         draft = None
     return model, draft, method
@@ -152,9 +154,16 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
             "prompt_lookup_min": args.prompt_lookup_min}
 
 
+def separator(index: int, count: int) -> str:
+    """The line printed before the output of prompt ``index`` (from 1) of ``count`` in plain mode (none for one)."""
+    return f"--- prompt {index}/{count} ---" if count > 1 else ""
+
+
 def _stream(llm, prompts: list[Any], params, method: str, k: int) -> None:
     """Print each prompt's text as it is generated, one prompt after the other, with a summary line."""
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts, start=1):
+        if len(prompts) > 1:
+            print(separator(index, len(prompts)), flush=True)
         last = None
         for last in llm.stream(prompt, params):
             sys.stdout.write(last.text)
@@ -169,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.sampling import SamplingParams
 
+    if args.stream and args.json:
+        raise SpecDecError("--stream and --json do not combine: --json prints one object per prompt when it is done")
     prompts = _read_prompts(args)
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
@@ -188,7 +199,10 @@ def run(args: argparse.Namespace) -> int:
     tic = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - tic
-    for out in outputs:
+    dtype = str(llm.target.dtype).removeprefix("torch.")
+    draft_model = getattr(llm.engine.drafter, "model", None)
+    draft_dtype = str(draft_model.dtype).removeprefix("torch.") if draft_model is not None else None
+    for index, out in enumerate(outputs, start=1):
         if args.json:
             print(json.dumps({
                 "text": out.outputs[0].text,
@@ -198,10 +212,14 @@ def run(args: argparse.Namespace) -> int:
                 "speculative_model": draft,
                 "method": method,
                 "num_speculative_tokens": k if spec else None,
+                "dtype": dtype,
+                "speculative_dtype": draft_dtype,
                 "metrics": out.metrics.to_dict(),
             }))
         else:
-            print(out.outputs[0].text)
+            if len(outputs) > 1:
+                print(separator(index, len(outputs)))
+            print(out.outputs[0].text, flush=True)
             print(_summary(out.metrics, method, k), file=sys.stderr)
     if len(outputs) > 1 and not args.json:
         tokens = sum(len(out.outputs[0].token_ids) for out in outputs)

@@ -26,12 +26,13 @@ from typing import Any
 
 import torch
 
+from specdec.adaptive import make_policy
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, check_text
 from specdec.scheduler import Scheduler
 from specdec.sequence import Sequence
 from specdec.text import TextTracker
@@ -141,8 +142,9 @@ class LLM:
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
                                   enforce_eager=enforce_eager)
             drafter = create_drafter(speculative_config, self.target, options)
-        k = speculative_config.num_speculative_tokens if speculative_config else 0
-        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len)
+        k = speculative_config.max_k if speculative_config else 0
+        policy = make_policy(speculative_config.num_speculative_tokens, k) if speculative_config else None
+        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy)
         self.scheduler = Scheduler(self.engine, max_num_seqs)
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
@@ -179,9 +181,12 @@ class LLM:
                 raise SpecDecError(
                     f"model {self.model_name!r} has no tokenizer: pass prompts as {{'prompt_token_ids': [...]}}"
                 )
+            check_text(prompt, "prompt")
             text, ids = prompt, self.tokenizer(prompt)["input_ids"]
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+            if text is not None and not isinstance(text, str):
+                raise SpecDecError(f"a prompt's 'prompt' must be a string, got {type(text).__name__}")
             if not isinstance(ids, (list, tuple)) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
@@ -203,6 +208,20 @@ class LLM:
                 f"prompt of {len(ids)} tokens is too long: {limit} (at least one token must remain for the output)"
             )
         return text, ids
+
+    def check_params(self, params: object) -> SamplingParams:
+        """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`
+        whose ``stop_token_ids`` are inside the vocabulary."""
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise SpecDecError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        bad = [t for t in params.stop_token_ids if t >= self.target.vocab_size]
+        if bad:
+            raise SpecDecError(
+                f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})"
+            )
+        return params
 
     # ------------------------------------------------------------------ requests
     def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool) -> _Request:
@@ -240,13 +259,31 @@ class LLM:
                     return request.pending.popleft()
                 if request.done:
                     raise SpecDecError(f"request {request.seq.request_id} was aborted")
-                try:
-                    outputs = self.scheduler.step()
-                except BaseException as exc:
-                    self._fail_all(exc)
-                    raise
-                for out in outputs:
-                    self._file(out)
+                self.step()
+
+    def submit(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> _Request:
+        """Queue one prompt for a serving loop that calls :meth:`step` itself; returns its handle.
+
+        After each ``step`` the handle's ``pending`` deque holds the request's new
+        :class:`StreamOutput` objects (text deltas; the last one ``finished``); ``error`` is set when a
+        step failed. A bad prompt raises here. ``abort(handle.seq.request_id)`` cancels it.
+        """
+        text, prompt_ids = self.encode_prompt(prompt)
+        return self._submit(text, prompt_ids, sampling_params or SamplingParams(), streaming=True)
+
+    def step(self) -> list[StepOutput]:
+        """Run one step for every running sequence (admitting waiting ones) and file each output with
+        its request; returns the step's outputs (none when idle). A failing step fails every request
+        in flight and re-raises."""
+        with self._lock:
+            try:
+                outputs = self.scheduler.step()
+            except BaseException as exc:
+                self._fail_all(exc)
+                raise
+            for out in outputs:
+                self._file(out)
+            return outputs
 
     def _file(self, out: StepOutput) -> None:
         """Turn a step output into its request's next stream output (text, stop strings)."""
@@ -278,7 +315,7 @@ class LLM:
         """Yield token ids and text deltas of one prompt as each step completes. Streams of one
         ``LLM`` may be consumed interleaved; closing one early aborts its request. A bad prompt
         raises here, at the call; the request joins the batch at the first ``next()``."""
-        params = sampling_params or SamplingParams()
+        params = self.check_params(sampling_params)
         text, prompt_ids = self.encode_prompt(prompt)
         return self._stream(text, prompt_ids, params)
 
@@ -303,15 +340,21 @@ class LLM:
         outputs in prompt order. ``sampling_params`` is one for all or one per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if prompts is None or isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
+            raise SpecDecError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params_list = list(sampling_params)
+            params_list = [self.check_params(sampling_params)] * len(prompts)
+        elif isinstance(sampling_params, (list, tuple)):
+            params_list = [self.check_params(p) for p in sampling_params]
             if len(params_list) != len(prompts):
                 raise SpecDecError(
                     f"got {len(params_list)} sampling_params for {len(prompts)} prompts; pass one, or one per prompt"
                 )
+        else:
+            raise SpecDecError(
+                f"sampling_params must be SamplingParams or a list of them, got {type(sampling_params).__name__}"
+            )
         encoded = [self.encode_prompt(p) for p in prompts]
         requests = [self._submit(text, ids, params, streaming=False)
                     for (text, ids), params in zip(encoded, params_list)]

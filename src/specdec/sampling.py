@@ -15,14 +15,42 @@ import torch
 
 from specdec.errors import SpecDecError
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy: ``logits / temperature`` would overflow (and the
+distribution is a one-hot on the argmax anyway, up to ties)."""
 
-@dataclass
+MAX_SEED = 2**64 - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise SpecDecError when ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as the
+    ones Python makes of a non-UTF-8 command-line argument)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SpecDecError(
+            f"{what} is not valid UTF-8 text: lone surrogate {text[exc.start]!r} at character {exc.start}"
+        ) from None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples and when it stops (vLLM's names and defaults).
+    """How one request samples and when it stops (vLLM's names and defaults). Immutable: every
+    field is validated once, at construction (``dataclasses.replace`` builds a new, validated one).
 
-    ``temperature=0`` is greedy decoding. ``top_k`` of 0 or -1 disables top-k. A fixed
-    ``seed`` makes a request reproducible whatever else runs in the same process.
-    ``stop`` strings end generation; the returned text excludes the stop string.
+    ``temperature=0`` is greedy decoding, and so is any temperature below
+    :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. A fixed ``seed`` (an
+    integer in ``0..2**64-1``) makes a request reproducible whatever else runs in the same
+    process. ``stop`` strings end generation; the returned text excludes the stop string.
+    ``stop`` and ``stop_token_ids`` are stored as tuples.
     """
 
     temperature: float = 1.0
@@ -30,39 +58,56 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 16
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
-    stop_strings: tuple[str, ...] = field(init=False, repr=False)
+    stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+        if not _is_number(self.temperature):
             raise SpecDecError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise SpecDecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise SpecDecError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise SpecDecError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise SpecDecError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_number(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+            raise SpecDecError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise SpecDecError(f"top_k must be an integer >= -1 (0 or -1 disable it), got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise SpecDecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise SpecDecError(f"seed must be an integer or None, got {self.seed!r}")
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
+        if not isinstance(self.ignore_eos, bool):
+            raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise SpecDecError(f"seed must be None or an integer in 0..2**64-1, got {self.seed!r}")
+        stops = self._sequence(self.stop, "stop", str)
+        if any(not s for s in stops):
             raise SpecDecError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        self.stop_strings = tuple(stops)
-        ids = list(self.stop_token_ids or [])
-        if any(not isinstance(t, int) or t < 0 for t in ids):
+        for s in stops:
+            check_text(s, "a stop string")
+        ids = self._sequence(self.stop_token_ids, "stop_token_ids", int)
+        if any(not _is_int(t) or t < 0 for t in ids):
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        self.stop_token_ids = ids
+        object.__setattr__(self, "stop", stops or None)
+        object.__setattr__(self, "stop_token_ids", ids)
+        object.__setattr__(self, "stop_strings", stops)
+
+    @staticmethod
+    def _sequence(value: object, name: str, kind: type) -> tuple:
+        """``value`` (None, one ``kind`` or a list/tuple) as a tuple; anything else is a SpecDecError."""
+        if value is None:
+            return ()
+        if kind is str and isinstance(value, str):
+            return (value,)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, kind) for v in value):
+            plural = "strings" if kind is str else "integers"
+            raise SpecDecError(f"{name} must be a list of {plural}, got {value!r}")
+        return tuple(value)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 class SamplingBatch:

@@ -37,7 +37,9 @@ class TextTracker:
                 self.text = self._decode()
             return len(token_ids)
         for kept, token in enumerate(token_ids, start=1):
-            searched_from = max(0, len(self.text) - self.hold_back)
+            # Trailing U+FFFD are bytes of a character not complete yet: the next token may replace them
+            # with the character that completes a stop string, so the search starts before them.
+            searched_from = max(0, len(self.text.rstrip("\ufffd")) - self.hold_back)
             self.token_ids.append(token)
             self.text = self._decode()
             cut = min((i for s in self.stop_strings if (i := self.text.find(s, searched_from)) >= 0), default=-1)

@@ -14,20 +14,23 @@ it was part of (all requests of a call start together; the call ends with its la
 
 With greedy decoding every output is compared token for token with the output of ``plain``
 (specdec's plain decoding, the reference) for the same question and turn at the same batch
-size; a difference is a *mismatch*, counted per method. Aggregation is in
-:mod:`specdec.bench.summary`.
+size. A difference is judged by :func:`specdec.greedy_check.check_greedy` under the reference's
+target: a *tie* when the first differing tokens' logits are within the dtype's rounding there
+(half precision flips such ties between kernels), else a *mismatch*; both are counted per
+method, only mismatches fail the run. Aggregation is in :mod:`specdec.bench.summary`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specdec.bench.methods import REFERENCE, Runner
 from specdec.bench.summary import OVERALL, Calibration, SummaryRow, summarize
 from specdec.errors import SpecDecError
+from specdec.greedy_check import GreedyVerdict, check_greedy, first_difference
 
 if TYPE_CHECKING:
     from specdec.bench.workloads import Question
@@ -92,6 +95,8 @@ class Measurement:
     metrics: RequestMetrics | None
     matches_reference: bool | None = None
     first_mismatch: int | None = None
+    verdict: GreedyVerdict | None = None
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +116,7 @@ class Measurement:
             "tokens_per_second": len(self.token_ids) / self.seconds if self.seconds > 0 else None,
             "matches_reference": self.matches_reference,
             "first_mismatch": self.first_mismatch,
+            "greedy_check": self.verdict.to_dict() if self.verdict is not None else None,
             "metrics": self.metrics.to_dict() if self.metrics is not None else None,
             "token_ids": self.token_ids,
         }
@@ -136,6 +142,15 @@ class BenchResult:
         for r in self.summary:
             if r.category == OVERALL and r.mismatches:
                 counts[r.label] = counts.get(r.label, 0) + r.mismatches
+        return counts
+
+    @property
+    def ties(self) -> dict[str, int]:
+        """Greedy differences judged rounding ties, per method label (only methods with at least one)."""
+        counts: dict[str, int] = {}
+        for r in self.summary:
+            if r.category == OVERALL and r.ties:
+                counts[r.label] = counts.get(r.label, 0) + r.ties
         return counts
 
     @property
@@ -181,6 +196,7 @@ def _warm_up(
     for runner in runners:
         for _ in range(settings.warmup):
             runner.run([prompt_ids] * batch_size, settings.max_tokens, settings.temperature, settings.seeds[0])
+        runner.forget()  # a cross-request cache must not have seen a measured question
 
 
 def groups(questions: Sequence[Question], batch_size: int) -> list[list[Question]]:
@@ -194,8 +210,27 @@ def groups(questions: Sequence[Question], batch_size: int) -> list[list[Question
     ]
 
 
-def _check_against_reference(unit: list[Measurement]) -> None:
-    """Mark each measurement of a unit as matching the reference output of the same question and turn."""
+Judge = Callable[[Sequence[int], Sequence[int], Sequence[int]], GreedyVerdict]
+"""``judge(prompt_ids, expected, actual)``: the verdict on a greedy output (see :func:`check_greedy`)."""
+
+
+def _untied(prompt_ids: Sequence[int], expected: Sequence[int], actual: Sequence[int]) -> GreedyVerdict:
+    """The judge without a target to ask: every difference is a mismatch."""
+    position = first_difference(expected, actual)
+    return GreedyVerdict("equal") if position is None else GreedyVerdict("mismatch", position)
+
+
+def reference_judge(runners: Sequence[Runner]) -> Judge:
+    """:func:`check_greedy` under the target of the ``plain`` runner (when it exposes specdec's ``llm``)."""
+    llm = next((getattr(r, "llm", None) for r in runners if r.spec.method == REFERENCE), None)
+    if llm is None:
+        return _untied
+    return lambda prompt_ids, expected, actual: check_greedy(llm.target, prompt_ids, expected, actual)
+
+
+def _check_against_reference(unit: list[Measurement], judge: Judge) -> None:
+    """Mark each measurement of a unit as matching the reference output of the same question and turn,
+    and judge each difference (rounding tie or mismatch)."""
     reference = {(m.question_id, m.turn): m.token_ids for m in unit if m.method == REFERENCE}
     for m in unit:
         expected = reference.get((m.question_id, m.turn))
@@ -203,10 +238,8 @@ def _check_against_reference(unit: list[Measurement]) -> None:
             continue
         m.matches_reference = m.token_ids == expected
         if not m.matches_reference:
-            m.first_mismatch = next(
-                (i for i, (a, b) in enumerate(zip(m.token_ids, expected, strict=False)) if a != b),
-                min(len(m.token_ids), len(expected)),
-            )
+            m.verdict = judge(m.prompt_ids, expected, m.token_ids)
+            m.first_mismatch = m.verdict.position
 
 
 @dataclass
@@ -278,6 +311,7 @@ def _run_unit(
                     token_ids=list(token_ids),
                     seconds=out.seconds,
                     metrics=metrics,
+                    prompt_ids=list(prompt_ids),
                 )
             )
             answers[i].append(prompts.decode(token_ids))
@@ -291,13 +325,15 @@ def run_benchmark(
     settings: BenchSettings,
     calibration: Calibration | None = None,
     progress: bool = True,
+    judge: Judge | None = None,
 ) -> BenchResult:
     """For each batch size, warm up, then run every unit with every eligible runner in rotating order.
 
     Exactly one runner must be ``plain``: it is the reference for speedups and greedy checks, and
     must take the largest batch size. ``calibration`` holds what was measured beside the runs
     (direct cost ratios, ideal ratios, the roofline's least step time; see
-    :func:`specdec.bench.summary.summarize`).
+    :func:`specdec.bench.summary.summarize`). ``judge`` classifies greedy differences (default
+    :func:`reference_judge`).
     """
     from tqdm.auto import tqdm
 
@@ -323,6 +359,7 @@ def run_benchmark(
         ]
         plan.append((batch_size, eligible, units))
 
+    judge = judge or reference_judge(runners)
     measurements: list[Measurement] = []
     skipped: list[dict[str, Any]] = []
     calls = itertools.count()
@@ -337,7 +374,7 @@ def run_benchmark(
                     done += _run_unit(runner, unit, order, prompts, settings, calls, skipped)
                     bar.update(1)
                 if settings.greedy:
-                    _check_against_reference(done)
+                    _check_against_reference(done, judge)
                 measurements.extend(done)
     calibration = calibration or Calibration()
     summary = summarize(measurements, [r.spec for r in runners], settings.greedy, calibration)

@@ -147,3 +147,6 @@ class Runner(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """The method's settings, for the JSON report."""
+
+    def forget(self) -> None:  # noqa: B027 - only methods that learn across requests keep anything
+        """Forget what earlier calls taught (called after the warm-up)."""

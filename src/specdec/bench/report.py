@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.bench.harness import BenchResult
 from specdec.bench.methods import REFERENCE
-from specdec.bench.summary import OVERALL, SummaryRow
+from specdec.bench.summary import OVERALL, UNRELIABLE_SPREAD, SummaryRow
 
 NOTES = (
     "Every method generates exactly max_tokens tokens per turn: end-of-sequence is ignored "
@@ -36,15 +36,21 @@ NOTES = (
     "ideal (draft equal to the target, batch 1) = (k+1) / (k + t(k+1)/t(1)), t(n) the median time of one "
     "n-token target forward.",
     "transformers peers expose no step metrics: τ, α and c are left blank.",
+    "per prompt = median over prompts of (tok/s / plain decoding's tok/s on the same prompt), with the min and "
+    "max; one slow call moves it less than it moves the totals.",
     "Greedy check: every output is compared token for token with specdec plain greedy output at the same batch "
-    "size (mismatched / checked). In float16/bfloat16 a mismatch can come from kernel numerics flipping a "
-    "near-tie (random-weight models have many); rerun in float32 or float64 to tell it from a lossy method.",
+    "size (mismatched / checked). At the first differing token the target's logits are recomputed: when the two "
+    "tokens' logits are within 2 units in the last place of the target's dtype (half precision: kernels for "
+    "different shapes round differently and flip such ties) it is a rounding tie, counted apart and not a "
+    "failure; anything else is a mismatch. 'greedy_check' in bench.json has each position and logit gap.",
 )
 
 COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
     ("tok/s", lambda r: _num(r.tokens_per_second, 1)),
     ("req tok/s", lambda r: _num(r.request_tokens_per_second, 1)),
     ("speedup", lambda r: _num(r.speedup, 2, "x")),
+    ("per prompt", lambda r: "" if r.speedup_median is None else
+        f"{r.speedup_median:.2f}x ({r.speedup_min:.2f}–{r.speedup_max:.2f})"),
     ("τ", lambda r: _num(r.tau, 2)),
     ("α", lambda r: _num(r.alpha, 3)),
     ("c", lambda r: _num(r.cost_ratio, 3)),
@@ -52,7 +58,8 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
     ("efficiency", lambda r: _num(r.efficiency, 2)),
     ("roofline", lambda r: _num(None if r.roofline is None else 100 * r.roofline, 1, "%")),
     ("ideal", lambda r: _num(r.ideal_speedup, 2, "x")),
-    ("mismatches", lambda r: "" if r.mismatches is None else f"{r.mismatches}/{r.checked}"),
+    ("mismatches", lambda r: "" if r.mismatches is None else
+        f"{r.mismatches}/{r.checked}" + (f" ({r.ties} ties)" if r.ties else "")),
 )
 OPTIONAL_COLUMNS = {"roofline": lambda r: r.roofline, "ideal": lambda r: r.ideal_speedup}
 """Columns shown only when some row has a value."""
@@ -77,7 +84,34 @@ def mismatch_warning(result: BenchResult) -> str | None:
     parts = ", ".join(f"{label}: {count}/{checked[label]}" for label, count in result.mismatches.items())
     return (
         f"WARNING: greedy outputs differ from plain greedy decoding ({parts} generations); "
-        "see 'matches_reference' and 'first_mismatch' in bench.json"
+        "see 'greedy_check' in bench.json"
+    )
+
+
+def tie_notice(result: BenchResult) -> str | None:
+    """The line counting greedy differences that were rounding ties (not failures)."""
+    if not result.ties:
+        return None
+    checked = result.checked
+    parts = ", ".join(f"{label}: {count}/{checked[label]}" for label, count in result.ties.items())
+    return (
+        f"note: greedy outputs first differ at a rounding tie of the target's logits ({parts} generations); "
+        "ties are not failures (rerun in float32 to see identical outputs); see 'greedy_check' in bench.json"
+    )
+
+
+def timing_warning(result: BenchResult) -> str | None:
+    """A WARNING when plain decoding's per-request tok/s varies by more than UNRELIABLE_SPREAD x."""
+    spreads = [(r.batch_size, r.tokens_per_second_spread) for r in result.summary
+               if r.category == OVERALL and r.method == REFERENCE and r.tokens_per_second_spread]
+    bad = [(b, x) for b, x in spreads if x > UNRELIABLE_SPREAD]
+    if not bad:
+        return None
+    where = ", ".join(f"{x:.1f}x at batch {b}" for b, x in bad)
+    return (
+        f"WARNING: timings are unreliable: plain decoding's tok/s varies by {where} across prompts (more than "
+        f"{UNRELIABLE_SPREAD}x; a busy machine or too little warm-up); prefer the per-prompt medians, or rerun "
+        "with more --warmup and --repeats"
     )
 
 
@@ -194,9 +228,9 @@ def to_markdown(result: BenchResult) -> str:
             "",
         ]
     parts += ["## Notes", "", *(f"- {note}" for note in NOTES), ""]
-    warning = mismatch_warning(result)
-    if warning:
-        parts += [f"**{warning}**", ""]
+    for line in (mismatch_warning(result), tie_notice(result), timing_warning(result)):
+        if line:
+            parts += [f"**{line}**", ""]
     return "\n".join(parts)
 
 
@@ -210,6 +244,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "methods": result.methods,
         "calibration": asdict(result.calibration),
         "mismatches": result.mismatches,
+        "ties": result.ties,
         "summary": [asdict(r) for r in result.summary],
         "skipped": result.skipped,
         "measurements": [m.to_dict() for m in result.measurements],
@@ -302,15 +337,22 @@ def plot_throughput(result: BenchResult, path: Path) -> Path | None:
 PLOTS = {"speedup": plot_speedup, "acceptance": plot_acceptance, "throughput": plot_throughput}
 
 
-def write_report(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``bench.md``, ``bench.json`` and the plots of :data:`PLOTS` that have data (``<name>.png``);
-    returns the paths written, by kind."""
+def plotting_available() -> bool:
+    """Whether matplotlib (the ``bench`` extra) can be imported."""
+    from importlib.util import find_spec
+
+    return find_spec("matplotlib") is not None
+
+
+def write_report(result: BenchResult, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
+    """Write ``bench.md``, ``bench.json`` and, with ``plots``, the plots of :data:`PLOTS` that have data
+    (``<name>.png``); returns the paths written, by kind."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {"markdown": out / "bench.md", "json": out / "bench.json"}
     written["markdown"].write_text(to_markdown(result), encoding="utf-8")
     written["json"].write_text(json.dumps(to_json(result), indent=1), encoding="utf-8")
-    for name, plot in PLOTS.items():
+    for name, plot in PLOTS.items() if plots else ():
         path = plot(result, out / f"{name}.png")
         if path is not None:
             written[name] = path

@@ -52,6 +52,10 @@ class SpecDecRunner(Runner):
         seconds = time.perf_counter() - tic
         return RunOutput([o.outputs[0].token_ids for o in outputs], seconds, [o.metrics for o in outputs])
 
+    def forget(self) -> None:
+        if self.llm.engine.drafter is not None:
+            self.llm.engine.drafter.forget()
+
     def describe(self) -> dict[str, Any]:
         config = self.llm.speculative_config
         return {

@@ -6,6 +6,11 @@ counted once, whatever the number of requests in it):
 - throughput (tok/s) = generated tokens / seconds; speedup = that over plain decoding's
   throughput at the same batch size, on the same prompts;
 - per-request tok/s = the mean over requests of (request's tokens / its call's seconds);
+- per prompt: a request's speedup is its tok/s over plain decoding's on the same prompt (question,
+  turn, seed and repeat); rows report the median over prompts with the min and max, which one slow
+  call cannot drag the way it drags the totals; ``tokens_per_second_spread`` is the max / min of
+  the per-request tok/s, and plain decoding's (which does the same work per token on every
+  prompt) above :data:`UNRELIABLE_SPREAD` marks the timings as unreliable;
 - τ and α come from the merged :class:`~specdec.metrics.RequestMetrics`;
 - the cost ratio ``c = (time_drafting / num_draft_tokens) / (time_target / num_steps)``, the
   drafting time per drafted token over the target time per step. For ``draft_model`` each
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from specdec.metrics import RequestMetrics
 
 OVERALL = "overall"
+UNRELIABLE_SPREAD = 1.5
+"""Plain decoding's per-request tok/s varying by more than this factor marks a run's timings unreliable."""
 
 
 @dataclass
@@ -103,6 +110,26 @@ class SummaryRow:
     roofline: float | None
     mismatches: int | None
     checked: int
+    ties: int | None = None
+    speedup_median: float | None = None
+    speedup_min: float | None = None
+    speedup_max: float | None = None
+    tokens_per_second_spread: float | None = None
+
+
+def _prompt_key(m: Measurement) -> tuple:
+    return (m.question_id, m.turn, m.seed, m.repeat)
+
+
+def _request_tps(m: Measurement) -> float | None:
+    return len(m.token_ids) / m.seconds if m.seconds > 0 else None
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty list."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _call_seconds(group: Sequence[Measurement]) -> dict[int, float]:
@@ -128,6 +155,7 @@ def _row(
     reference_tps: float | None,
     greedy: bool,
     calibration: Calibration,
+    reference_by_prompt: dict[tuple, float],
 ) -> SummaryRow:
     tokens = sum(len(m.token_ids) for m in group)
     call_seconds = _call_seconds(group)
@@ -153,7 +181,16 @@ def _row(
         if calibration.min_step_seconds is not None:
             roofline = steps_per_second * calibration.min_step_seconds
     checked = [m for m in group if m.matches_reference is not None]
-    mismatches = sum(not m.matches_reference for m in checked) if greedy and spec.method != REFERENCE else None
+    rates = [r for r in map(_request_tps, group) if r]
+    spread = max(rates) / min(rates) if rates else None
+    per_prompt = [
+        rate / reference_by_prompt[_prompt_key(m)]
+        for m in group
+        if spec.method != REFERENCE and (rate := _request_tps(m)) and reference_by_prompt.get(_prompt_key(m))
+    ]
+    judged = greedy and spec.method != REFERENCE
+    mismatches = sum(m.verdict is not None and not m.verdict.ok for m in checked) if judged else None
+    ties = sum(m.verdict is not None and m.verdict.kind == "tie" for m in checked) if judged else None
     return SummaryRow(
         label=spec.label,
         method=spec.method,
@@ -178,6 +215,11 @@ def _row(
         roofline=roofline,
         mismatches=mismatches,
         checked=len(checked),
+        ties=ties,
+        speedup_median=median(per_prompt) if per_prompt else None,
+        speedup_min=min(per_prompt, default=None),
+        speedup_max=max(per_prompt, default=None),
+        tokens_per_second_spread=spread,
     )
 
 
@@ -202,8 +244,10 @@ def summarize(
             reference = [m for m in in_category if m.method == REFERENCE]
             ref_seconds = sum(_call_seconds(reference).values())
             reference_tps = sum(len(m.token_ids) for m in reference) / ref_seconds if ref_seconds > 0 else None
+            by_prompt = {_prompt_key(m): rate for m in reference if (rate := _request_tps(m))}
             for spec in specs:
                 if spec.label in ran:
                     group = [m for m in in_category if m.method == spec.label]
-                    rows.append(_row(spec, batch_size, category, group, reference_tps, greedy, calibration))
+                    rows.append(_row(spec, batch_size, category, group, reference_tps, greedy, calibration,
+                                     by_prompt))
     return rows

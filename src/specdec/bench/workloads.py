@@ -10,6 +10,9 @@ Three sources:
 - ``jsonl``: any JSONL file whose rows have a ``prompt`` string or a ``turns`` list (an optional
   ``category``, default ``"default"``, and an optional ``question_id``/``id``).
 - ``code``: held-out code prompts from :func:`specdec.train.corpus.code_prompts`, category ``"code"``.
+- ``code_repeat``: the same code prompts, then each asked again with a small change (category
+  ``"code_again"``, see :func:`repeat_with_changes`): requests that repeat earlier outputs, as an
+  agent's or a developer's do.
 
 Multi-turn questions run as Spec-Bench runs them: turn 1 is generated, its answer appended to
 the conversation, then turn 2 is generated (see :class:`PromptBuilder`).
@@ -17,6 +20,7 @@ the conversation, then turn 2 is generated (see :class:`PromptBuilder`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +29,7 @@ from typing import Any
 from specdec.errors import SpecDecError
 from specdec.jsonl import read_jsonl
 
-WORKLOADS = ("code", "spec_bench", "jsonl")
+WORKLOADS = ("code", "code_repeat", "spec_bench", "jsonl")
 MT_BENCH_SUBCATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )
@@ -142,6 +146,21 @@ def load_code(
     return [Question(f"code-{i}", "code", (prompt,), "code") for i, prompt in enumerate(prompts)]
 
 
+_DEFINED_NAME = re.compile(r"^(\s*(?:async\s+)?(?:def|class)\s+)(\w+)", re.MULTILINE)
+
+
+def repeat_with_changes(questions: Sequence[Question]) -> list[Question]:
+    """``questions``, then each again (category ``"code_again"``, after all the first ones) with a small
+    change: the first defined name gets the suffix ``_v2`` (``def call(`` -> ``def call_v2(``), or, in a
+    prompt without a ``def``/``class``, a comment line ``# again`` comes first."""
+    again = []
+    for q in questions:
+        turns = tuple(_DEFINED_NAME.sub(r"\1\2_v2", t, count=1) if _DEFINED_NAME.search(t) else "# again\n" + t
+                      for t in q.turns)
+        again.append(Question(f"{q.question_id}-again", "code_again", turns, "code_again"))
+    return [*questions, *again]
+
+
 def load_workload(
     kind: str,
     data: str | Path | None = None,
@@ -162,9 +181,13 @@ def load_workload(
             raise SpecDecError(
                 f"the code workload's --data must be a corpus folder; {str(data)!r} is not one"
             )
+        if kind == "code_repeat" and categories:
+            raise SpecDecError(f"the code_repeat workload takes no categories, got {sorted(categories)}")
         if categories and set(categories) != {"code"}:
             raise SpecDecError(f"the code workload has the single category 'code', not {sorted(categories)}")
         questions = load_code(num_prompts or 10, [data] if data is not None else None)
+        if kind == "code_repeat":
+            questions = repeat_with_changes(questions)
     if not questions:
         raise SpecDecError("the workload selection holds no questions")
     return questions

@@ -8,14 +8,17 @@ all derive their choices from :data:`DRAFTERS` (the one list of methods).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
+from transformers import PreTrainedModel
 
+from specdec.adaptive import AUTO, DEFAULT_MAX_SPECULATIVE_TOKENS
 from specdec.errors import SpecDecError
-from specdec.models.base import CausalLM, to_device
+from specdec.models.base import CausalLM, KVCache, to_device
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -32,24 +35,59 @@ class SpeculativeConfig:
     ``LLM``s can share one loaded draft). ``dtype``: the draft model's dtype (None: see
     :func:`specdec.drafters.draft_model.resolve_draft_dtype`). ``prompt_lookup_max``/
     ``prompt_lookup_min``: the longest and shortest n-gram matched against the context (ngram).
+    ``num_speculative_tokens="auto"``: each row's k per step from measured acceptance and cost
+    (:mod:`specdec.adaptive`), at most ``max_num_speculative_tokens``. ``draft_confidence_threshold``:
+    a drafter that supports it (``confidence_stop``) stops a row's draft before a position whose
+    top draft probability is below it.
+    ``suffix_cache_max_tokens``: the most tokens of earlier requests the suffix cache keeps
+    (oldest evicted first); ``suffix_factor`` and ``suffix_min_prob``: a suffix draft's length is
+    at most ``suffix_factor`` x match length x (1 + log2 of the continuation's count), and stops
+    where fewer than ``suffix_min_prob`` of the matches agree with it (suffix). ``skip_layers``:
+    the target's decoder layers the layer_skip draft leaves out (None: chosen by calibration).
     """
 
     method: str
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | str = 4
     model: ModelSource | None = None
     dtype: str | None = None
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
+    max_num_speculative_tokens: int = DEFAULT_MAX_SPECULATIVE_TOKENS
+    draft_confidence_threshold: float | None = None
+    suffix_cache_max_tokens: int = 1 << 18
+    suffix_factor: float = 1.0
+    suffix_min_prob: float = 0.1
+    skip_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in DRAFTERS:
+        if not isinstance(self.method, str) or self.method not in DRAFTERS:
             raise SpecDecError(
                 f"unknown speculative method {self.method!r}; choose one of {', '.join(sorted(DRAFTERS))}"
             )
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise SpecDecError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        for name in ("num_speculative_tokens", "max_num_speculative_tokens"):
+            k = getattr(self, name)
+            if name == "num_speculative_tokens" and k == AUTO:
+                continue
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+                extra = f" or {AUTO!r}" if name == "num_speculative_tokens" else ""
+                raise SpecDecError(f"{name} must be an integer in 1..{MAX_SPECULATIVE_TOKENS}{extra}, got {k!r}")
+        threshold = self.draft_confidence_threshold
+        if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+                raise SpecDecError(f"draft_confidence_threshold must be a number in [0, 1), got {threshold!r}")
+            if not DRAFTERS[self.method].confidence_stop:
+                raise SpecDecError(f"speculative method {self.method!r} takes no draft_confidence_threshold")
+        if self.model is not None and not isinstance(self.model, (str, os.PathLike, PreTrainedModel)):
+            raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
+        if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
+            raise SpecDecError(f"a draft 'dtype' is a name such as 'float32', got {self.dtype!r}")
         DRAFTERS[self.method].check_config(self)
+
+    @property
+    def max_k(self) -> int:
+        """The most tokens a row drafts in a step (``max_num_speculative_tokens`` with ``"auto"``)."""
+        k = self.num_speculative_tokens
+        return self.max_num_speculative_tokens if k == AUTO else k
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
@@ -72,11 +110,17 @@ class DraftBatch:
     ``tokens`` ``[B, K]`` int64 on the device (row ``b`` in its first ``num_draft[b]`` columns,
     the rest padding), ``num_draft`` ``[B]`` host ints, ``probs`` ``[B, K, V]``: the distribution
     each token was sampled from, or None when the drafter is deterministic.
+
+    ``hidden`` ``[B, K+1, H]`` or None: a drafter that ran the target's own first layers on each
+    row's ``[pending, d_1..d_n]`` (and wrote their cache entries into the target's pool) hands
+    their output, the input of the layers verification still runs, ``remaining_layers``.
     """
 
     tokens: torch.Tensor
     num_draft: list[int]
     probs: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    remaining_layers: tuple[int, ...] | None = None
 
     @classmethod
     def from_lists(cls, rows: list[list[int]], device: torch.device) -> DraftBatch:
@@ -117,6 +161,8 @@ class Drafter(ABC):
     description: ClassVar[str]
     #: Whether the method needs ``speculative_config["model"]`` (a draft model).
     needs_model: ClassVar[bool] = False
+    #: Whether the method honours ``draft_confidence_threshold`` (its proposals have a confidence).
+    confidence_stop: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -143,6 +189,13 @@ class Drafter(ABC):
 
     def release(self, seq: Sequence) -> None:  # noqa: B027 - stateless drafters keep nothing
         """Forget a finished or aborted sequence."""
+
+    def bind_target_cache(self, cache: KVCache) -> None:  # noqa: B027 - most drafters keep their own state
+        """The target's KV pool, given once by the engine to a drafter that runs the target's own layers."""
+
+    def forget(self) -> None:  # noqa: B027 - most drafters learn nothing across requests
+        """Forget what earlier requests taught (a benchmark's warm-up must not seed its measurements);
+        running sequences keep their own state."""
 
 
 DRAFTERS: dict[str, type[Drafter]] = {}

@@ -41,9 +41,11 @@ class DraftModelDrafter(Drafter):
     method = "draft_model"
     description = "draft model: a smaller LM with the target's vocabulary samples k tokens"
     needs_model = True
+    confidence_stop = True
 
-    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int) -> None:
+    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None) -> None:
         self.model = model
+        self.threshold = threshold
         self.capacity = min(max_model_len, model.max_length)
         self.cache = model.new_cache(num_slots, self.capacity)
 
@@ -69,7 +71,7 @@ class DraftModelDrafter(Drafter):
                     f"the draft model {model.name!r} uses a different tokenizer vocabulary from the target "
                     f"{target.name!r}; the draft and the target must share a vocabulary"
                 )
-        return cls(model, options.num_slots, options.max_model_len)
+        return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold)
 
     def add(self, seqs: list[Sequence]) -> None:
         """Prefill the prompts but their pending token (prompts longer than the draft's context are
@@ -94,7 +96,7 @@ class DraftModelDrafter(Drafter):
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
         logits = self.model.forward(batch, self.cache).logits
         index = to_device(active, self.model.device)
-        if rows.all_greedy and all(ks[b] == width for b in active):
+        if rows.all_greedy and self.threshold is None and all(ks[b] == width for b in active):
             # The whole greedy proposal after the first token in one call (one graph on a GPU).
             first = logits.argmax(-1)
             tokens[index, 0] = first
@@ -107,6 +109,14 @@ class DraftModelDrafter(Drafter):
             dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
             probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
         for i in range(width):
+            if self.threshold is not None:
+                sure = self._confident(logits, i, ks, active)
+                if not sure:
+                    break
+                if len(sure) < len(active):
+                    keep = to_device(sure, self.model.device)
+                    logits, index, rows = logits[keep], index[keep], rows.select(sure)
+                    active = [active[j] for j in sure]
             # Every row in ``active`` drafts its token i.
             if probs is None:
                 token = logits.argmax(-1)
@@ -124,7 +134,20 @@ class DraftModelDrafter(Drafter):
                 active = [active[j] for j in still]
             step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], self.cache)
             logits = self.model.forward(step, self.cache).logits
-        return DraftBatch(tokens, ks, probs)
+        width = max(ks)
+        return DraftBatch(tokens[:, :width], ks, None if probs is None else probs[:, :width])
+
+    def _confident(self, logits: torch.Tensor, i: int, ks: list[int], active: list[int]) -> list[int]:
+        """Early stop (``draft_confidence_threshold``): a row ``active[j]`` whose top draft probability
+        (temperature 1) for its token ``i`` (``logits[j]``, ``[len(active), V]``) is below the threshold
+        drafts ``i`` tokens (``ks`` updated in place). The decision is taken before ``d_i`` is drawn,
+        from the draft's context alone, so verification stays exact. Returns the ``j`` that draft on
+        (one host sync per position)."""
+        sure = (logits.softmax(-1).amax(-1) >= self.threshold).tolist()
+        for b, ok in zip(active, sure):
+            if not ok:
+                ks[b] = i
+        return [j for j, ok in enumerate(sure) if ok]
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         for s in seqs:

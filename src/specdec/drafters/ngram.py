@@ -10,6 +10,9 @@ from specdec.models.base import CausalLM
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
+MAX_PROMPT_LOOKUP = 32
+"""The longest n-gram ngram matches: each n keeps its own table, updated for every committed token."""
+
 
 class _Index:
     """One sequence's n-gram index: for every n-gram with a following token, its first and
@@ -69,10 +72,14 @@ class NgramDrafter(Drafter):
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
         lo, hi = config.prompt_lookup_min, config.prompt_lookup_max
-        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi:
             raise SpecDecError(
                 f"ngram needs 1 <= prompt_lookup_min <= prompt_lookup_max, got min={lo!r} max={hi!r}"
             )
+        if hi > MAX_PROMPT_LOOKUP:
+            raise SpecDecError(f"ngram needs prompt_lookup_max <= {MAX_PROMPT_LOOKUP}, got {hi}")
+        if config.model is not None:
+            raise SpecDecError("speculative method 'ngram' takes no 'model' (it looks up n-grams in the context)")
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> NgramDrafter:

@@ -17,6 +17,11 @@ Terms (shapes are the point):
   ``N``; an empty tensor skips the output head (a prefill).
 - ``hidden_layers``: indices into transformers' ``hidden_states`` tuple (0 the embeddings,
   ``i`` the output of layer ``i``, ``-1`` the final, normed one) returned for the same rows.
+- ``layers``: the decoder layers run, ascending (None: all); the others are skipped, their cache
+  entries for the new tokens left as they were (self-speculation drafts with a subset).
+- ``input_hidden`` ``[N, H]`` or None: the input of ``layers[0]`` for each new token instead of
+  the embeddings (verification resuming where a draft that ran the first layers stopped).
+  Both need a backend with ``supports_layer_subsets``.
 
 Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
 forgotten without touching the accepted ones.
@@ -55,6 +60,8 @@ class ForwardBatch:
     tree_mask: torch.Tensor | None = None
     logits_rows: torch.Tensor | None = None
     hidden_layers: tuple[int, ...] = ()
+    layers: tuple[int, ...] | None = None
+    input_hidden: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -156,7 +163,8 @@ class CausalLM(ABC):
 
     Attributes set by each backend: ``vocab_size`` (logit width), ``max_length`` (context
     window in tokens), ``device``, ``dtype``, ``name`` (folder or id, for messages),
-    ``config`` (the transformers config) and ``supports_tree_mask``.
+    ``config`` (the transformers config), ``num_layers`` (decoder layers), ``supports_tree_mask``
+    and ``supports_layer_subsets`` (``ForwardBatch.layers`` and ``input_hidden``).
     """
 
     vocab_size: int
@@ -164,7 +172,9 @@ class CausalLM(ABC):
     device: torch.device
     dtype: torch.dtype
     name: str
+    num_layers: int
     supports_tree_mask: bool = False
+    supports_layer_subsets: bool = False
 
     @abstractmethod
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:

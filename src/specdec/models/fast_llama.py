@@ -146,6 +146,7 @@ class FastLlamaLM(CausalLM):
     """Batched static-pool forward for ``LlamaForCausalLM``-shaped weights."""
 
     supports_tree_mask = True
+    supports_layer_subsets = True
 
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False) -> None:
         config = model.config
@@ -192,6 +193,7 @@ class FastLlamaLM(CausalLM):
                     down_bias=mlp.down_proj.bias,
                 )
             )
+        self.num_layers = len(self.layers)
         # Each layer's tensors in the argument order of the two per-layer functions.
         self._layer_args = [
             ((layer.input_norm, layer.qkv_weight, layer.qkv_bias),
@@ -315,10 +317,12 @@ class FastLlamaLM(CausalLM):
 
         return write, read
 
-    def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset()
+    def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset(),
+                layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The layers over a grid: writes keys and values, returns the last layer's output
         ``[R*T, H]`` (before the final norm) and the hidden states of ``hidden_wanted`` layers.
+        ``layers``: the layers run (None: all); ``x`` ``[R, T, H]``: their input (None: the embeddings).
         Pure device work with static shapes for a given (R, T, K): capturable as a CUDA graph."""
         rows, width = g.rows, g.width
         nh, nkv = self.num_heads, self.num_kv_heads
@@ -328,12 +332,14 @@ class FastLlamaLM(CausalLM):
         else:
             cos, sin = self.cos[g.positions][:, None], self.sin_signed[g.positions][:, None]
         mask = g.mask if g.mask is not None or not g.needs_mask else self._chain_mask(g)
-        x = F.embedding(g.ids, self.embed).view(rows, width, -1)
+        if x is None:
+            x = F.embedding(g.ids, self.embed).view(rows, width, -1)
         hidden = {0: x} if 0 in hidden_wanted else {}
         write, read = self._cache_access(g)
         gqa = nkv != nh
         eps = self.eps
-        for i, (attention_args, mlp_args) in enumerate(self._layer_args):
+        for i in range(len(self._layer_args)) if layers is None else layers:
+            attention_args, mlp_args = self._layer_args[i]
             q, k, v = self._attention_inputs(x, *attention_args, cos, sin, eps, nh, nkv)
             keys, values = cache.keys[i], cache.values[i]
             write(keys, k)
@@ -361,7 +367,8 @@ class FastLlamaLM(CausalLM):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
         self.check_fits(batch, cache)
-        shape = graph_shape(self, batch, cache) if self.use_cuda_graphs else None
+        subset = batch.layers is not None or batch.input_hidden is not None
+        shape = graph_shape(self, batch, cache) if self.use_cuda_graphs and not subset else None
         if shape is not None:
             if cache.graphs is None:
                 cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
@@ -373,7 +380,11 @@ class FastLlamaLM(CausalLM):
         g, cell_index = self.grid(batch, cache)
         final = len(self.layers)
         wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
-        x, hidden = self.compute(g, cache, frozenset(i for i in wanted_layers if i < final))
+        x = None
+        if batch.input_hidden is not None:  # the flat tokens' input laid out on the grid
+            x = batch.input_hidden.new_zeros(g.rows * g.width, batch.input_hidden.shape[-1])
+            x = x.index_copy_(0, cell_index, batch.input_hidden).view(g.rows, g.width, -1)
+        x, hidden = self.compute(g, cache, frozenset(i for i in wanted_layers if i < final), batch.layers, x)
         for slot, count in zip(batch.slots, batch.num_tokens):
             cache.lengths[slot] += count
         wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]

@@ -59,6 +59,7 @@ class HFCausalLM(CausalLM):
         self.dtype = model.dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = context_window(self.config)
+        self.num_layers = getattr(self.config, "num_hidden_layers", 0)
         rigid = {type(layer).__name__ for layer in DynamicCache(config=self.config).layers}
         rigid.discard(DynamicLayer.__name__)
         if rigid:
@@ -75,6 +76,8 @@ class HFCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch, cache: DynamicCachePool) -> ForwardOutput:
         if batch.tree_mask is not None:
             raise SpecDecError(f"{self.name}: tree attention masks need the fast backend (Llama, Qwen2, Mistral)")
+        if batch.layers is not None or batch.input_hidden is not None:
+            raise SpecDecError(f"{self.name}: a subset of layers needs the fast backend (Llama, Qwen2, Mistral)")
         self.check_fits(batch, cache)
         want_hidden = bool(batch.hidden_layers)
         wanted = batch.logits_rows

@@ -49,6 +49,8 @@ def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> tor
     checkpoint when the CPU computes in bf16 natively, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if not isinstance(dtype, str):
+        raise SpecDecError(f"a dtype is a name such as 'float32' or 'auto', got {dtype!r}")
     if dtype == "auto":
         stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         if isinstance(stored, str):
@@ -85,13 +87,35 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
     name = _check_source(source)
     try:
         config = AutoConfig.from_pretrained(name)
+    except Exception as exc:  # any failure to read a config is a bad model folder
+        raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
+    _check_config(config, name)
+    try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device))
     except SpecDecError:
         raise
-    except (OSError, ValueError, KeyError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecDecError(f"could not load model {name!r}: {first_line}") from exc
+    except Exception as exc:  # truncated or corrupt weights raise safetensors' and torch's own types
+        raise SpecDecError(f"could not load model {name!r}: {_one_line(exc)}") from exc
     return model.to(device).eval(), name
+
+
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions")
+"""Config fields that, where a config has them, must be positive integers."""
+
+
+def _check_config(config, name: str) -> None:
+    """Raise SpecDecError naming the first size field of ``config`` that is not a positive integer."""
+    for key in SIZE_FIELDS:
+        value = getattr(config, key, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SpecDecError(f"model {name!r}: config.json has {key}={value!r}; it must be a positive integer")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its type when it has none)."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return text[:300] or type(exc).__name__
 
 
 def load_causal_lm(

@@ -214,10 +214,12 @@ def token_stream(
     texts = iter_texts(files)
     if not texts:
         raise SpecDecError("empty corpus: none of its files holds UTF-8 text")
+    from tqdm.auto import tqdm
+
     eos = tokenizer.eos_token_id
     pieces: list[np.ndarray] = []
     batch = 64
-    for start in range(0, len(texts), batch):
+    for start in tqdm(range(0, len(texts), batch), desc="tokenizing corpus", unit="batch"):
         encoded = tokenizer(texts[start : start + batch], add_special_tokens=False)["input_ids"]
         for ids in encoded:
             pieces.append(np.asarray([*ids, eos], dtype=dtype))

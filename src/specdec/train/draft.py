@@ -128,11 +128,12 @@ def generate_continuations(
     Sampled at ``temperature`` (greedy when 0); EOS is suppressed so every row has full length.
     """
     import torch
+    from tqdm.auto import tqdm
 
     torch.manual_seed(seed)
     device = next(target.parameters()).device
     rows = []
-    for start in range(0, len(prompts), batch):
+    for start in tqdm(range(0, len(prompts), batch), desc="target continuations", unit="batch"):
         ids = torch.from_numpy(prompts[start : start + batch].astype(np.int64)).to(device)
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_k": 0}
@@ -168,11 +169,12 @@ def greedy_acceptance(
     drafted tokens would produce from that position.
     """
     import torch
+    from tqdm.auto import tqdm
 
     device = next(target.parameters()).device
     matches_all: list[np.ndarray] = []
     with torch.no_grad():
-        for ids in prompt_ids:
+        for ids in tqdm(prompt_ids, desc="acceptance check", unit="prompt"):
             prompt = torch.tensor([list(ids)], device=device)
             out = target.generate(
                 input_ids=prompt,

@@ -9,6 +9,7 @@ and is not added by ``encode`` (pass it explicitly where a document boundary is 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def train_tokenizer(
         raise SpecDecError(
             f"vocab size must be at least {MIN_VOCAB_SIZE} (256 bytes + 1 special), got {vocab_size}"
         )
+    print("reading the corpus", file=sys.stderr, flush=True)
     texts = iter_texts(split_files(corpus_dirs)["train"])
     if not texts:
         raise SpecDecError("empty corpus: the train split holds no UTF-8 text")
@@ -50,8 +52,9 @@ def train_tokenizer(
         min_frequency=min_frequency,
         special_tokens=[EOS_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=True,
     )
+    print(f"training a {vocab_size}-token BPE on {len(texts)} files", file=sys.stderr, flush=True)
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
 
     fast = PreTrainedTokenizerFast(

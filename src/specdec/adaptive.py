@@ -1,0 +1,241 @@
+"""How many tokens each row drafts per step: a fixed k, or ``"auto"`` from measured acceptance and cost.
+
+The auto model. A row whose draft position ``i`` is accepted with conditional rate ``a_i`` (``d_i``
+kept given ``d_1..d_{i-1}`` were) emits, drafting ``k`` tokens, ``E(k) = 1 + sum_{j<=k} prod_{i<=j}
+a_i`` tokens in expectation; with a constant ``a_i = α`` that is ``(1 − α^(k+1)) / (1 − α)``. A step
+over ``B`` rows drafting ``k_b`` tokens each, the longest ``w``, costs ``T = t(B + sum k_b) + w·d``:
+``t(N)``, the target forward with verification and bookkeeping over ``N`` tokens, is a straight
+line fitted to recent steps (so verification that stops being free at a larger batch shows as
+its slope), and ``d`` is the measured drafting time per draft position. The policy picks the ``k_b``
+maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``, plain decoding (every ``k_b
+= 0``) included: speculation is off for a step whose predicted speedup is below 1. At ``B = 1``
+with a flat ``t`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
+
+Estimates are online: acceptance per sequence (decayed counts, with the engine-wide pool of all
+sequences as the prior of a new one), cost per engine. Every ``probe_every`` steps the decision is
+inverted once (a plain step when speculating, short drafts when not) so that both ends of the
+cost line stay measured. Any rule that fixes ``k`` before a step is drafted keeps verification
+lossless; with ``"auto"`` the rule depends on timings, so a seeded sampled request is distributed
+exactly as the target but need not repeat the same tokens run to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.sequence import Sequence
+
+AUTO = "auto"
+DEFAULT_MAX_SPECULATIVE_TOKENS = 8
+PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
+PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
+
+
+class FixedK:
+    """Every row drafts ``k`` tokens (fewer when its budget says so)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
+        return [min(self.k, limit) for limit in limits]
+
+    def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
+        """A fixed k learns nothing."""
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing is kept per sequence."""
+
+
+@dataclass
+class StepCost:
+    """What one step cost: ``num_tokens`` fed to the target (rows + drafts), ``width`` (the longest
+    draft, i.e. sequential draft positions), ``target_seconds`` (target forward, verification and
+    bookkeeping) and ``draft_seconds`` (propose and observe)."""
+
+    num_tokens: int
+    width: int
+    target_seconds: float
+    draft_seconds: float
+
+
+@dataclass
+class Acceptance:
+    """Conditional acceptance per draft position as decayed counts plus ``prior_weight`` pseudo-counts
+    of ``prior`` (``[max_k]``)."""
+
+    max_k: int
+    decay: float
+    prior: list[float]
+    prior_weight: float
+    tried: list[float] = field(init=False)
+    kept: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tried = [0.0] * self.max_k
+        self.kept = [0.0] * self.max_k
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        """A step drafted ``num_drafted`` tokens and kept ``num_accepted``: positions up to the first
+        rejection were tried, the accepted ones kept."""
+        self.tried = [t * self.decay for t in self.tried]
+        self.kept = [a * self.decay for a in self.kept]
+        for i in range(min(num_drafted, num_accepted + 1, self.max_k)):
+            self.tried[i] += 1.0
+            if i < num_accepted:
+                self.kept[i] += 1.0
+
+    def rates(self) -> list[float]:
+        """``[max_k]`` conditional acceptance per position."""
+        w = self.prior_weight
+        return [(a + w * p) / (t + w) for a, t, p in zip(self.kept, self.tried, self.prior)]
+
+
+class LineFit:
+    """``t(x) = a + b x`` by exponentially weighted least squares (``decay`` per added point)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.sums = [0.0] * 5  # weight, Σx, Σx², Σt, Σxt
+
+    def add(self, x: float, t: float) -> None:
+        self.sums = [s * self.decay + v for s, v in zip(self.sums, (1.0, x, x * x, t, x * t))]
+
+    @property
+    def spread(self) -> bool:
+        """Whether points at different x were seen (the slope is measured)."""
+        w, sx, sxx = self.sums[:3]
+        return w > 0 and sxx / w - (sx / w) ** 2 > 1e-6 * (1 + (sx / w) ** 2)
+
+    def line(self) -> tuple[float, float]:
+        """``(a, b)``, with ``b >= 0`` (a longer forward never costs less) and ``t(x) > 0`` at the mean x."""
+        w, sx, sxx, st, sxt = self.sums
+        mx, mt = sx / w, st / w
+        b = max(0.0, (sxt / w - mx * mt) / (sxx / w - mx * mx)) if self.spread else 0.0
+        return mt - b * mx, b
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Predicted seconds of a step: ``intercept + slope * tokens + draft * width``."""
+
+    intercept: float
+    slope: float
+    draft: float
+
+    def seconds(self, num_tokens: int, width: int) -> float:
+        return max(self.intercept + self.slope * num_tokens, 1e-12) + self.draft * width
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """``E(k)``: tokens a step emits drafting ``k`` tokens with conditional acceptance ``rates``."""
+    total, survive = 1.0, 1.0
+    for a in rates[:k]:
+        survive *= a
+        total += survive
+    return total
+
+
+def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel) -> tuple[list[int], float]:
+    """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
+    plain step of the same rows.
+
+    ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long).
+    For each width ``w``, the best choice drafting ``m`` tokens in all takes the ``m`` positions (of
+    positions ``<= w``) with the largest probability of being reached and kept; that probability
+    falls along a row, so this is a prefix of every row.
+    """
+    rows = len(limits)
+    gains = []  # (probability the token is emitted as a kept draft, position, row)
+    for b, limit in enumerate(limits):
+        survive = 1.0
+        for i in range(limit):
+            survive *= rates[b][i]
+            gains.append((survive, i + 1, b))
+    gains.sort(key=lambda g: (-g[0], g[1]))
+    plain = rows / cost.seconds(rows, 0)
+    best, best_w, best_m = plain, 0, 0
+    for w in range(1, max(limits, default=0) + 1):
+        tokens, count = float(rows), 0
+        for gain, position, _ in gains:
+            if position > w:
+                continue
+            tokens += gain
+            count += 1
+            rate = tokens / cost.seconds(rows + count, w)
+            if rate > best:
+                best, best_w, best_m = rate, w, count
+    ks = [0] * rows
+    taken = 0
+    for _, position, b in gains:
+        if taken == best_m:
+            break
+        if position <= best_w:
+            ks[b] += 1
+            taken += 1
+    return ks, best / plain
+
+
+class AdaptiveK:
+    """``num_speculative_tokens="auto"``: per row and step, the k the measured model predicts to be
+    fastest, at most ``max_k`` (see the module docstring)."""
+
+    def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
+                 cost_decay: float = 0.95) -> None:
+        self.max_k, self.probe_every, self.seq_decay = max_k, probe_every, seq_decay
+        self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0)
+        self.target = LineFit(cost_decay)
+        self.draft_per_position: float | None = None
+        self.cost_decay = cost_decay
+        self.seqs: dict[str, Acceptance] = {}
+        self.steps = 0
+        self.last_speedup = 1.0
+
+    def _acceptance(self, seq: Sequence) -> Acceptance:
+        estimate = self.seqs.get(seq.request_id)
+        if estimate is None:
+            estimate = Acceptance(self.max_k, self.seq_decay, self.pool.rates(), prior_weight=2.0)
+            self.seqs[seq.request_id] = estimate
+        return estimate
+
+    def cost_model(self) -> CostModel | None:
+        """The fitted step cost, or None until a plain and a drafting step were both measured."""
+        if not self.target.spread or self.draft_per_position is None:
+            return None
+        a, b = self.target.line()
+        return CostModel(a, b, self.draft_per_position)
+
+    def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
+        limits = [min(self.max_k, limit) for limit in limits]
+        self.steps += 1
+        cost = self.cost_model()
+        if cost is None:  # cold start: measure a drafting step, then a plain one
+            return limits if self.draft_per_position is None else [0] * len(limits)
+        rates = [self._acceptance(s).rates() for s in seqs]
+        ks, self.last_speedup = choose_ks(rates, limits, cost)
+        if self.steps % self.probe_every == 0:
+            ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
+        return ks
+
+    def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
+        """Learn a step's outcome: acceptance of each row and of the pool, and the step's cost."""
+        for s, n, a in zip(seqs, num_drafted, num_accepted):
+            if n:
+                self._acceptance(s).update(n, a)
+                self.pool.update(n, a)
+        self.target.add(step.num_tokens, step.target_seconds)
+        if step.width:
+            per_position = step.draft_seconds / step.width
+            old = self.draft_per_position
+            self.draft_per_position = per_position if old is None else \
+                self.cost_decay * old + (1 - self.cost_decay) * per_position
+
+    def release(self, seq: Sequence) -> None:
+        self.seqs.pop(seq.request_id, None)
+
+
+def make_policy(num_speculative_tokens: int | str, max_k: int) -> FixedK | AdaptiveK:
+    """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``) or a fixed k."""
+    return AdaptiveK(max_k) if num_speculative_tokens == AUTO else FixedK(max_k)

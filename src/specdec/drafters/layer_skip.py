@@ -1,0 +1,188 @@
+"""Self-speculation by layer skipping: the target drafts with a subset of its own layers and its
+own head, and verifies with all of them, reusing what the draft computed that is its own."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
+from specdec.errors import SpecDecError
+from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
+from specdec.sampling import SamplingBatch
+from specdec.sequence import Sequence
+
+CALIBRATION_TOKENS = 64
+"""Positions over which candidate skip sets are compared (a short prompt is extended by the
+target's own greedy continuation up to this length)."""
+MAX_CALIBRATION_TOKENS = 256
+
+
+def candidate_skip_sets(num_layers: int) -> list[tuple[int, ...]]:
+    """A few skip sets for a target of ``num_layers`` layers: early exits (the last layer, the last
+    third, the last half) and every other layer (of the second half, of all but the first)."""
+    n = num_layers
+    ranges = [range(n - 1, n), range(n - max(1, n // 3), n), range(n // 2, n), range(n // 2, n, 2), range(1, n, 2)]
+    sets: list[tuple[int, ...]] = []
+    for r in ranges:
+        skip = tuple(r)
+        if skip and len(skip) < n and skip not in sets:
+            sets.append(skip)
+    return sets
+
+
+def predicted_speedup(alpha: float, k: int, run_fraction: float, verify_fraction: float) -> float:
+    """Expected tokens per step ``(1 − α^(k+1)) / (1 − α)`` over the step's cost in full forwards:
+    ``k`` drafts through ``run_fraction`` of the layers plus a verification through ``verify_fraction``."""
+    tokens = k + 1.0 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * run_fraction + verify_fraction)
+
+
+@register_drafter
+class LayerSkipDrafter(Drafter):
+    """Drafts with the target's layers minus a skip set, directly in the target's KV pool.
+
+    With ``s`` the first skipped layer, the draft's layers ``0..s-1`` compute exactly what the
+    target computes for the same tokens: their cache entries, written at the positions the
+    verification uses (``L..L+n`` for ``[pending, d_1..d_n]``), are the target's own, and the
+    draft hands the hidden state entering layer ``s`` of each of those tokens to the engine
+    (``DraftBatch.hidden``), so verification runs only layers ``s..``. The draft's later layers
+    read the target's entries for the committed context and write draft entries at the step's
+    positions, which verification overwrites; skipped layers are neither read nor written. After
+    drafting each slot is set back to its committed length ``L``: the pool keeps the target's
+    invariant. Row ``b`` feeds ``ks[b] + 1`` tokens (the last only for its hidden state).
+
+    The skip set is ``skip_layers`` when given, else chosen once, at the first ``add``, among
+    :func:`candidate_skip_sets` by :func:`predicted_speedup` from each set's greedy agreement with
+    the full model over the longest prompt added (teacher-forced, one forward per set).
+    Sampled rows draw drafts from the draft's own distribution ``q`` (returned for verification).
+    """
+
+    method = "layer_skip"
+    description = "self-speculation: the target drafts with a subset of its layers (skip set by calibration)"
+
+    def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int) -> None:
+        self.target, self.k = target, k
+        self.cache: KVCache | None = None
+        self.skip: tuple[int, ...] | None = None
+        self.calibration: dict[tuple[int, ...], float] = {}
+        if skip is not None:
+            self._use(skip)
+
+    @classmethod
+    def check_config(cls, config: SpeculativeConfig) -> None:
+        if config.model is not None:
+            raise SpecDecError("speculative method 'layer_skip' takes no 'model': the trained early-exit form "
+                               "is not implemented; the training-free form drafts with the target's own layers")
+        skip = config.skip_layers
+        if skip is None:
+            return
+        if (not isinstance(skip, (list, tuple)) or not skip
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in skip)
+                or len(set(skip)) != len(skip)):
+            raise SpecDecError(f"skip_layers must be a non-empty list of distinct layer indices >= 0, got {skip!r}")
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> LayerSkipDrafter:
+        if not target.supports_layer_subsets:
+            raise SpecDecError(f"speculative method 'layer_skip' needs the fast backend (Llama, Qwen2, Mistral); "
+                               f"{target.name!r} runs on {type(target).__name__}")
+        n = target.num_layers
+        skip = config.skip_layers
+        if skip is not None and (max(skip) >= n or len(skip) >= n):
+            raise SpecDecError(f"skip_layers {list(skip)} must leave at least one of the target's {n} layers "
+                               f"(indices 0..{n - 1})")
+        if skip is None and not candidate_skip_sets(n):
+            raise SpecDecError(f"layer_skip needs a target with at least 2 layers, {target.name!r} has {n}")
+        return cls(target, tuple(sorted(skip)) if skip is not None else None, config.max_k)
+
+    def _use(self, skip: tuple[int, ...]) -> None:
+        n = self.target.num_layers
+        self.skip = skip
+        self.run_layers = tuple(i for i in range(n) if i not in skip)
+        self.reuse = min(skip)  # layers before it are the target's own
+        self.remaining = tuple(range(self.reuse, n)) if self.reuse > 0 else None
+
+    def bind_target_cache(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    # ------------------------------------------------------------------ calibration
+    def _calibrate(self, prompt: list[int]) -> None:
+        """Choose the skip set from measured greedy agreement over ``prompt`` (extended if short)."""
+        target, device = self.target, self.target.device
+        tokens = list(prompt[:MAX_CALIBRATION_TOKENS])
+        capacity = min(target.max_length, max(len(tokens), CALIBRATION_TOKENS))
+        cache = target.new_cache(1, capacity)
+        logits = target.forward(ForwardBatch.from_rows([tokens], [0], [0], device, logits="last"), cache).logits
+        while len(tokens) < capacity:
+            token = logits.argmax(-1)
+            tokens.append(int(token[0]))
+            logits = target.forward(ForwardBatch.one_token_per_row(token, [0], cache), cache).logits
+
+        def argmax(layers: tuple[int, ...] | None) -> torch.Tensor:
+            cache.release(0)
+            batch = ForwardBatch.from_rows([tokens[:-1]], [0], [0], device)
+            batch.layers = layers
+            return target.forward(batch, cache).logits.argmax(-1)
+
+        full = argmax(None)
+        n = target.num_layers
+        best, best_speedup = None, 0.0
+        for skip in candidate_skip_sets(n):
+            run = tuple(i for i in range(n) if i not in skip)
+            alpha = (argmax(run) == full).double().mean().item()
+            speedup = predicted_speedup(alpha, self.k, len(run) / n, (n - min(skip)) / n)
+            self.calibration[skip] = alpha
+            if speedup > best_speedup:
+                best, best_speedup = skip, speedup
+        self._use(best)
+
+    # ------------------------------------------------------------------ the drafter interface
+    def add(self, seqs: list[Sequence]) -> None:
+        if self.skip is None and seqs:
+            self._calibrate(max((s.prompt_ids for s in seqs), key=len))
+
+    def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
+        cache, target, device = self.cache, self.target, self.target.device
+        slots = [s.slot for s in seqs]
+        starts = [cache.lengths[slot] for slot in slots]
+        width = max(ks, default=0)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+        hidden = probs = None
+        active, rows = list(range(len(seqs))), sampling
+        feed = to_device([s.token_ids[-1] for s in seqs], device)
+        for i in range(width + 1):
+            # Every row in ``active`` feeds its token i (the pending token, then its drafts).
+            batch = ForwardBatch.one_token_per_row(feed, [slots[b] for b in active], cache)
+            batch.layers = self.run_layers
+            batch.hidden_layers = (self.reuse,) if self.remaining is not None else ()
+            out = target.forward(batch, cache)
+            index = to_device(active, device)
+            if out.hidden is not None:
+                if hidden is None:
+                    hidden = out.hidden.new_zeros(len(seqs), width + 1, out.hidden.shape[-1])
+                hidden[index, i] = out.hidden[:, 0]
+            drafting = [j for j, b in enumerate(active) if ks[b] > i]
+            if not drafting:
+                break
+            logits = out.logits
+            if len(drafting) < len(active):
+                keep = to_device(drafting, device)
+                logits, index, rows = logits[keep], index[keep], rows.select(drafting)
+                active = [active[j] for j in drafting]
+            if rows.all_greedy and probs is None:
+                feed = logits.argmax(-1)
+            else:
+                if probs is None:
+                    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+                    probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+                q = rows.probs(logits)
+                feed = rows.sample(q)
+                probs[index, i] = q
+            tokens[index, i] = feed
+        for slot, start in zip(slots, starts):
+            cache.set_length(slot, start)
+        remaining = self.remaining if hidden is not None else None
+        return DraftBatch(tokens, ks, probs, hidden, remaining)
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
+        """Nothing to roll back: the engine sets the target's slots to their committed lengths."""

@@ -1,0 +1,92 @@
+"""Suffix decoding: draft what followed the context's suffix in this request or in earlier ones."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
+from specdec.drafters.suffix_index import TokenIndex, propose
+from specdec.errors import SpecDecError
+from specdec.models.base import CausalLM
+from specdec.sampling import SamplingBatch
+from specdec.sequence import Sequence
+
+
+@register_drafter
+class SuffixDrafter(Drafter):
+    """A suffix cache shared across requests (SuffixDecoding's idea, proposing chains).
+
+    Two :class:`~specdec.drafters.suffix_index.TokenIndex` kinds: one per running sequence over
+    its own prompt and output (keyed by request id, grown as tokens are committed), and one
+    shared over the prompt and output of every finished or aborted request of this drafter,
+    capped at ``suffix_cache_max_tokens`` tokens (the oldest requests are evicted first). The
+    shared cache changes only in ``release``, between steps, so every row of a step reads the
+    same cache whatever else runs. Each step a row proposes the most frequent continuation of
+    its context's longest matched suffix (:func:`~specdec.drafters.suffix_index.propose`), up to
+    its k; deterministic, verified with a one-hot ``q``. Tree-shaped proposals (several
+    continuations at once) wait for tree verification; until then a row drafts one chain.
+    """
+
+    method = "suffix"
+    description = "suffix cache: continuations of the context's suffix in this and earlier requests"
+
+    def __init__(self, max_tokens: int, factor: float, min_prob: float, device: torch.device) -> None:
+        self.max_tokens, self.factor, self.min_prob, self.device = max_tokens, factor, min_prob, device
+        self.shared = TokenIndex()
+        self._own: dict[str, TokenIndex] = {}
+
+    @classmethod
+    def check_config(cls, config: SpeculativeConfig) -> None:
+        cap = config.suffix_cache_max_tokens
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise SpecDecError(f"suffix_cache_max_tokens must be an integer >= 0, got {cap!r}")
+        factor = config.suffix_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise SpecDecError(f"suffix_factor must be a number > 0, got {factor!r}")
+        prob = config.suffix_min_prob
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+            raise SpecDecError(f"suffix_min_prob must be a number in [0, 1], got {prob!r}")
+        if config.model is not None:
+            raise SpecDecError("speculative method 'suffix' takes no 'model' (it drafts from earlier tokens)")
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> SuffixDrafter:
+        return cls(config.suffix_cache_max_tokens, float(config.suffix_factor), float(config.suffix_min_prob),
+                   options.device)
+
+    def add(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            own = TokenIndex()
+            own.extend(list(s.token_ids))
+            self._own[s.request_id] = own
+
+    def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
+        rows = []
+        for s, k in zip(seqs, ks):
+            own = self._own[s.request_id]
+            context = s.token_ids
+            if own.num_tokens < len(context):
+                own.extend(context[own.num_tokens :])
+            if k <= 0:
+                rows.append([])
+                continue
+            found = own.candidates(context, k) + self.shared.candidates(context, k)
+            rows.append(propose(found, k, self.factor, self.min_prob))
+        return DraftBatch.from_lists(rows, self.device)
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
+        """Nothing to roll back: the indexes only ever hold committed tokens."""
+
+    def release(self, seq: Sequence) -> None:
+        """Move the sequence's prompt and output into the shared cache, evicting the oldest requests
+        beyond the cap (a request longer than the cap keeps its last tokens)."""
+        if self._own.pop(seq.request_id, None) is None or self.max_tokens == 0:
+            return
+        tokens = seq.token_ids[-self.max_tokens :]
+        while self.shared.docs and self.shared.num_tokens + len(tokens) > self.max_tokens:
+            self.shared.evict_oldest()
+        self.shared.add(list(tokens))
+
+    def forget(self) -> None:
+        """Empty the shared cache (what earlier requests taught); running sequences keep their own."""
+        self.shared = TokenIndex()

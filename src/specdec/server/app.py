@@ -1,0 +1,425 @@
+"""The ASGI app: ``create_app(llm)`` builds the FastAPI application of an OpenAI-compatible server.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``. Handlers validate, encode the prompt, and hand jobs to the
+single :class:`~specdec.server.worker.EngineWorker`; they never touch model state. The worker
+starts and stops with the app's lifespan, so the app runs under any ASGI server.
+
+Errors use OpenAI's shape: 400 bad request (the Python API's validation), 401 bad API key, 404
+unknown model or route, 413 body too large, 429 queue full, 503 shutting down, 500 (logged,
+never a traceback to the client). A client that disconnects has its sequences aborted before
+the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.errors import SpecDecError
+from specdec.llm import LLM
+from specdec.metrics import RequestMetrics
+from specdec.server.metrics import ServerMetrics
+from specdec.server.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    error_body,
+    new_id,
+    now,
+    parse,
+    usage,
+)
+from specdec.server.worker import EngineWorker, Job, ShuttingDown
+
+DEFAULT_MAX_QUEUE_LEN = 256
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+API_KEY_ENV = "SPECDEC_API_KEY"
+NO_TEMPLATE = ("model {name!r} has no chat template: start the server with --chat-template FILE (a Jinja "
+               "template that renders 'messages'), or use /v1/completions")
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the LLM (read-only for them), the worker, the limits."""
+
+    llm: LLM
+    worker: EngineWorker
+    metrics: ServerMetrics
+    served_model_name: str
+    api_key_digest: bytes | None
+    chat_template: str | None
+    max_queue_len: int
+    created: int = field(default_factory=now)
+    outstanding: int = 0
+    draining: bool = False
+
+    def admit(self, count: int) -> None:
+        """Count ``count`` new sequences in, or refuse them (503 draining, 429 queue full)."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down", "service_unavailable")
+        limit = self.llm.max_num_seqs + self.max_queue_len
+        if self.outstanding + count > limit:
+            raise APIError(429, f"the queue is full ({self.outstanding} sequences in flight, limit {limit}); "
+                                "retry later", "rate_limit_exceeded")
+        self.outstanding += count
+
+
+class Choice:
+    """What a handler has received of one sequence."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.num_tokens = 0
+        self.finish_reason: str | None = None
+        self.metrics: RequestMetrics | None = None
+
+
+class Submission:
+    """The sequences of one HTTP request: ``len(prompts) * n`` jobs on one outbox, choice index
+    ``prompt * n + i`` as in OpenAI's API. ``close()`` aborts what is unfinished (idempotent)."""
+
+    def __init__(self, state: ServerState, prompts: list[tuple[str | None, list[int]]], fields: SamplingFields,
+                 max_tokens: int) -> None:
+        self.state = state
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self.prompt_tokens = sum(len(ids) for _, ids in prompts)
+        self.jobs = [Job(p * fields.n + c, {"prompt": text, "prompt_token_ids": ids},
+                         fields.sampling_params(max_tokens, c), self.outbox, loop)
+                     for p, (text, ids) in enumerate(prompts) for c in range(fields.n)]
+        self.choices = [Choice() for _ in self.jobs]
+        self._closed = True
+
+    def start(self) -> None:
+        self.state.admit(len(self.jobs))
+        self._closed = False
+        for job in self.jobs:
+            self.state.worker.submit(job)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.state.outstanding -= len(self.jobs)
+        for job, choice in zip(self.jobs, self.choices):
+            if choice.finish_reason is None:
+                self.state.worker.abort(job)
+
+    async def updates(self) -> AsyncIterator[tuple[int, str, int]]:
+        """``(index, text delta, new tokens)`` as outputs arrive, until every choice finished."""
+        remaining = len(self.jobs)
+        while remaining:
+            index, item = await self.outbox.get()
+            if isinstance(item, ShuttingDown):
+                raise APIError(503, str(item), "service_unavailable")
+            if isinstance(item, SpecDecError):
+                raise APIError(400, str(item))
+            if isinstance(item, BaseException):
+                raise APIError(500, "internal server error (the engine step failed; see the server log)",
+                               "internal_server_error")
+            choice = self.choices[index]
+            choice.pieces.append(item.text)
+            choice.num_tokens += len(item.token_ids)
+            if item.finished:
+                choice.finish_reason, choice.metrics = item.finish_reason, item.metrics
+                remaining -= 1
+            yield index, item.text, len(item.token_ids)
+
+    def usage(self) -> dict[str, Any]:
+        total = RequestMetrics()
+        for choice in self.choices:
+            if choice.metrics is not None:
+                total.merge(choice.metrics)
+        return usage(self.prompt_tokens, sum(c.num_tokens for c in self.choices), total)
+
+    def choice_usage(self, index: int) -> dict[str, Any]:
+        prompt = self.jobs[index].prompt["prompt_token_ids"]
+        return usage(len(prompt), self.choices[index].num_tokens, None)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(request: Request, submission: Submission) -> bool:
+    """Wait for every choice; False when the client disconnected first (its sequences are aborted)."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    updates = submission.updates()
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(updates, None))
+            done, _ = await asyncio.wait({following, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if following not in done:
+                following.cancel()
+                return False
+            if following.result() is None:
+                return True
+    finally:
+        watcher.cancel()
+        submission.close()
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that always close their submission, even when the client left before
+    the first event was produced."""
+
+    def __init__(self, content: AsyncIterator[str], submission: Submission) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.submission = submission
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.submission.close()
+
+
+async def _events(submission: Submission, fields: SamplingFields, chunk, opening: list[dict[str, Any]],
+                  head: dict[str, Any]) -> AsyncIterator[str]:
+    """The event stream of a submission: ``opening`` chunks, one chunk per text delta (``chunk(index,
+    text, finish_reason)``), the usage chunk when asked, then ``[DONE]``."""
+    try:
+        for data in opening:
+            yield _sse(data)
+        async for index, text, _ in submission.updates():
+            finish = submission.choices[index].finish_reason
+            if not text and finish is None:
+                continue
+            data = {**head, "choices": [chunk(index, text, finish)]}
+            if fields.continuous_usage:
+                data["usage"] = submission.choice_usage(index)
+            yield _sse(data)
+        if fields.include_usage:
+            yield _sse({**head, "choices": [], "usage": submission.usage()})
+    except APIError as exc:
+        yield _sse(exc.body())
+    finally:
+        submission.close()
+    yield _sse("[DONE]")
+
+
+def _authorize_with(state: ServerState):
+    async def authorize(request: Request) -> None:
+        if state.api_key_digest is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = hashlib.sha256(token.strip().encode()).digest()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, state.api_key_digest):
+            raise APIError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                           "authentication_error", code="invalid_api_key")
+
+    return authorize
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets a 413 (declared length or bytes read)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            response = JSONResponse(self._error().body(), status_code=413)
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise self._error()
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _error(self) -> APIError:
+        return APIError(413, f"the request body is larger than {self.max_bytes} bytes", code="request_too_large")
+
+
+def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
+               chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
+
+    ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
+    (default: the ``SPECDEC_API_KEY`` variable; None or empty disables auth). ``chat_template``: a
+    Jinja template used instead of the tokenizer's. ``max_queue_len``: sequences that may wait for a
+    slot beyond the ``max_num_seqs`` running ones (more get 429). ``max_body_bytes``: request size limit.
+    """
+    if llm is None:
+        llm = default_llm()
+    if not isinstance(max_queue_len, int) or max_queue_len < 0:
+        raise SpecDecError(f"max_queue_len must be an integer >= 0, got {max_queue_len!r}")
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise SpecDecError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    name = served_model_name or llm.model_name
+    metrics = ServerMetrics(name)
+    state = ServerState(llm, EngineWorker(llm, metrics), metrics, name,
+                        hashlib.sha256(api_key.encode()).digest() if api_key else None, chat_template,
+                        max_queue_len)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            state.draining = True
+            await asyncio.to_thread(state.worker.stop)
+
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.specdec = state
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    _add_error_handlers(app)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_authorize_with(state))])
+
+    @v1.get("/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": state.created,
+                                            "owned_by": "specdec", "root": llm.model_name,
+                                            "max_model_len": llm.max_model_len}]}
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = parse(CompletionRequest, await _json(request))
+        _check_model(state, req.model)
+        prompts = [llm.encode_prompt(p) for p in req.prompts()]
+        submission = Submission(state, prompts, req, req.max_tokens)
+        head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": name}
+
+        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+        return await _respond(request, submission, req, head, chunk, [])
+
+    @v1.post("/chat/completions")
+    async def chat(request: Request) -> Response:
+        req: ChatRequest = parse(ChatRequest, await _json(request))
+        _check_model(state, req.model)
+        text = _render_chat(state, req)
+        ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = llm.encode_prompt({"prompt": text, "prompt_token_ids": ids})
+        max_tokens = req.max_completion_tokens or req.max_tokens or llm.max_model_len
+        submission = Submission(state, [prompt], req, max_tokens)
+        head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": name}
+
+        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
+            delta = {"content": text} if text else {}
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+        opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]} for i in range(req.n)]
+        return await _respond(request, submission, req, head, chunk, opening)
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.draining or not state.worker.alive:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _respond(request: Request, submission: Submission, fields: SamplingFields, head: dict[str, Any], chunk,
+                   opening: list[dict[str, Any]]) -> Response:
+    """Start the submission and answer with an event stream or, once every choice finished, one body."""
+    submission.start()
+    if fields.stream:
+        return EventStream(_events(submission, fields, chunk, opening, head), submission)
+    if not await _collect(request, submission):
+        return Response(status_code=499)  # nobody is listening any more
+    chat = head["object"] == "chat.completion.chunk"
+    choices = []
+    for index, choice in enumerate(submission.choices):
+        text = "".join(choice.pieces)
+        body = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        choices.append({"index": index, **body, "logprobs": None, "finish_reason": choice.finish_reason})
+    obj = "chat.completion" if chat else "text_completion"
+    return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.served_model_name:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {state.served_model_name!r}",
+                       "not_found_error", param="model", code="model_not_found")
+
+
+def _render_chat(state: ServerState, req: ChatRequest) -> str:
+    tokenizer = state.llm.tokenizer
+    if tokenizer is None or (state.chat_template is None and not getattr(tokenizer, "chat_template", None)):
+        raise APIError(400, NO_TEMPLATE.format(name=state.served_model_name), param="messages")
+    try:
+        return tokenizer.apply_chat_template(req.conversation(), chat_template=state.chat_template, tokenize=False,
+                                             add_generation_prompt=True)
+    except APIError:
+        raise
+    except Exception as exc:  # a template's own raise_exception(), or a template bug
+        raise APIError(400, f"the chat template could not render these messages: {exc}", param="messages") from None
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: APIError) -> Response:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def bad_input(_: Request, exc: SpecDecError) -> Response:
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    async def internal(_: Request, exc: Exception) -> Response:  # Starlette logs the exception itself
+        return JSONResponse(error_body("internal server error (see the server log)", "internal_server_error"),
+                            status_code=500)
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(SpecDecError, bad_input)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal)
+
+
+def default_llm() -> LLM:
+    """An :class:`LLM` of the embedded default pair with draft_model speculation, k=4."""
+    from specdec.assets import require_default_pair
+
+    target, draft = require_default_pair()
+    return LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft),
+                                                "num_speculative_tokens": 4})

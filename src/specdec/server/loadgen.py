@@ -1,0 +1,234 @@
+"""``specdec bench-serve``: a load generator for a running ``specdec serve`` (or any OpenAI server).
+
+At each concurrency ``c`` it keeps ``c`` streaming ``/v1/completions`` requests in flight until
+``--num-requests`` are done, and reports throughput (generated tokens / wall time), time to
+first token and inter-token latency (p50, p99, mean). Token counts come from vLLM's
+``stream_options.continuous_usage_stats``: a chunk carrying ``m`` new tokens ``g`` seconds after
+the previous one counts ``m`` inter-token latencies of ``g / m`` (the first chunk's tokens are
+covered by the time to first token), so the mean is the time per output token.
+
+``--disconnect-fraction`` makes that share of the requests (chosen at random) close their
+connection after a random number of chunks: the soak test. ``/metrics`` is read before and
+after each run (running requests, resident memory of the server process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import SpecDecError
+
+
+@dataclass
+class Result:
+    """One request as the client saw it."""
+
+    tokens: int = 0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    disconnected: bool = False
+    error: str | None = None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation; nan when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+async def one_request(client, url: str, body: dict[str, Any], headers: dict[str, str],
+                      disconnect_after: int | None) -> Result:
+    """Stream one completion; close the connection after ``disconnect_after`` chunks when given."""
+    result, start = Result(), time.perf_counter()
+    last = start
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:200]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = chunk["error"]["message"]
+                    return result
+                if not chunk.get("choices") or not chunk.get("usage"):
+                    continue
+                now = time.perf_counter()
+                new = chunk["usage"]["completion_tokens"] - result.tokens
+                if new > 0:
+                    if result.ttft is None:
+                        result.ttft = now - start
+                    else:
+                        result.itl.extend([(now - last) / new] * new)
+                    last = now
+                    result.tokens += new
+                chunks += 1
+                if disconnect_after is not None and chunks >= disconnect_after:
+                    result.disconnected = True
+                    return result
+    except Exception as exc:  # a load generator reports failures, it does not stop at the first
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.latency = time.perf_counter() - start
+    return result
+
+
+async def run_level(base_url: str, model: str | None, prompts: list[str], concurrency: int, num_requests: int,
+                    max_tokens: int, temperature: float, headers: dict[str, str], disconnect_fraction: float,
+                    rng: random.Random) -> tuple[list[Result], float]:
+    """``num_requests`` requests with ``concurrency`` in flight; returns the results and the wall time."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/completions"
+    plan = [(prompts[i % len(prompts)], rng.randint(1, 4) if rng.random() < disconnect_fraction else None)
+            for i in range(num_requests)]
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        queue: asyncio.Queue = asyncio.Queue()
+        for item in plan:
+            queue.put_nowait(item)
+
+        async def worker() -> None:
+            while not queue.empty():
+                prompt, disconnect_after = queue.get_nowait()
+                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+                        "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                if model:
+                    body["model"] = model
+                results.append(await one_request(client, url, body, headers, disconnect_after))
+
+        tic = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return results, time.perf_counter() - tic
+
+
+def summarize(results: list[Result], seconds: float, concurrency: int) -> dict[str, Any]:
+    """Throughput and latency percentiles of one level (latencies in milliseconds)."""
+    done = [r for r in results if not r.error and not r.disconnected]
+    ttft = [r.ttft * 1000 for r in done if r.ttft is not None]
+    itl = [x * 1000 for r in done for x in r.itl]
+    tokens = sum(r.tokens for r in results)
+    return {
+        "concurrency": concurrency, "requests": len(results), "completed": len(done),
+        "disconnected": sum(r.disconnected for r in results), "errors": sum(r.error is not None for r in results),
+        "first_errors": [r.error for r in results if r.error][:3], "seconds": seconds, "tokens": tokens,
+        "tokens_per_second": tokens / seconds if seconds else 0.0, "requests_per_second": len(done) / seconds,
+        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
+        "ttft_ms_mean": statistics.fmean(ttft) if ttft else float("nan"),
+        "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
+        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+    }
+
+
+def scrape(base_url: str, headers: dict[str, str]) -> dict[str, float]:
+    """Running/waiting requests and the server's resident memory, from its ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    text = httpx.get(root + "/metrics", headers=headers, timeout=30).text
+    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "process_resident_memory_bytes": "rss_bytes"}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[wanted[sample.name]] = out.get(wanted[sample.name], 0.0) + sample.value
+    return out
+
+
+def settle(base_url: str, headers: dict[str, str], timeout: float = 30.0) -> dict[str, float]:
+    """``scrape`` until no request runs or waits (or ``timeout`` seconds passed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = scrape(base_url, headers)
+        if (state.get("running", 0) == 0 and state.get("waiting", 0) == 0) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench-serve", help="load-test a running specdec serve (throughput, TTFT, ITL)",
+        description="Send streaming completions to a running server at several concurrency levels and report "
+        "throughput, time to first token and inter-token latency; --disconnect-fraction makes it a soak test.",
+    )
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's /v1 URL")
+    p.add_argument("--model", help="model name to send (default: none, the server's own)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="levels (default 1 4 16 64)")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per level (default: 2 x concurrency, at least 8)")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens per request (ignore_eos; default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
+    p.add_argument("--num-prompts", type=int, default=64, help="held-out code prompts to cycle through (default 64)")
+    p.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default 2)")
+    p.add_argument("--disconnect-fraction", type=float, default=0.0,
+                   help="share of requests that disconnect after 1-4 chunks (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and of the disconnects")
+    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.set_defaults(func=run_bench_serve)
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    from specdec.train.corpus import code_prompts
+
+    if any(c < 1 for c in args.concurrency):
+        raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
+    if not 0.0 <= args.disconnect_fraction <= 1.0:
+        raise SpecDecError(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    prompts = code_prompts(args.num_prompts, seed=args.seed)
+    rng = random.Random(args.seed)
+    try:
+        scrape(args.base_url, headers)
+    except Exception as exc:
+        raise SpecDecError(f"no server answers at {args.base_url}: {exc}") from None
+    if args.warmup:
+        asyncio.run(run_level(args.base_url, args.model, prompts, 1, args.warmup, args.max_tokens,
+                              args.temperature, headers, 0.0, rng))
+    rows = []
+    for concurrency in args.concurrency:
+        before = settle(args.base_url, headers)
+        num = args.num_requests or max(8, 2 * concurrency)
+        results, seconds = asyncio.run(run_level(args.base_url, args.model, prompts, concurrency, num,
+                                                 args.max_tokens, args.temperature, headers,
+                                                 args.disconnect_fraction, rng))
+        after = settle(args.base_url, headers)
+        row = summarize(results, seconds, concurrency)
+        row.update(running_after=after.get("running"), waiting_after=after.get("waiting"),
+                   rss_mib_before=before.get("rss_bytes", 0) / 2**20, rss_mib_after=after.get("rss_bytes", 0) / 2**20)
+        rows.append(row)
+        print(f"c={concurrency:<3} {row['completed']}/{row['requests']} ok, {row['disconnected']} disconnected, "
+              f"{row['errors']} errors | {row['tokens_per_second']:.1f} tok/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
+              f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
+              f"p99 {row['itl_ms_p99']:.1f} | running after {row['running_after']:.0f} | RSS MiB "
+              f"{row['rss_mib_before']:.0f} -> {row['rss_mib_after']:.0f}", flush=True)
+        for error in row["first_errors"]:
+            print(f"  error: {error}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+                                         "levels": rows}, indent=1))
+    return 0
+

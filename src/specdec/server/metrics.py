@@ -1,0 +1,92 @@
+"""Prometheus collectors of the server, under vLLM's metric names so existing dashboards work.
+
+Counters are exposed with prometheus_client's ``_total`` suffix, as vLLM's are
+(``vllm:spec_decode_num_drafts_total``, ...). Every collector lives in the app's own
+registry (several apps in one process do not collide), with the process collector
+(``process_resident_memory_bytes``, ...). specdec's own additions use the ``specdec:`` prefix.
+
+Latencies are seconds measured by the engine worker when it hands a step's output over:
+time to first token from the request's arrival, inter-token latency per token (a step that
+emits ``m`` tokens after a gap ``g`` counts ``m`` latencies of ``g / m``; the tokens of the
+first output are covered by the time to first token), end-to-end latency at the end.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+from specdec.engine import StepOutput
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    """The collectors of one served model; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        label = ["model_name"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*label, *extra], registry=registry)
+
+        self.running = Gauge("vllm:num_requests_running", "Sequences running in the batch.", label,
+                             registry=registry).labels(model_name)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Sequences waiting for a slot.", label,
+                             registry=registry).labels(model_name)
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens admitted.").labels(model_name)
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated and returned.").labels(model_name)
+        self._success = counter("vllm:request_success", "Sequences finished.", ("finished_reason",))
+        self.aborted = counter("specdec:request_aborted", "Sequences aborted (client gone or shutdown).").labels(
+            model_name)
+        self.num_drafts = counter("vllm:spec_decode_num_drafts", "Steps of a sequence that drafted.").labels(
+            model_name)
+        self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.").labels(
+            model_name)
+        self.num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.").labels(
+            model_name)
+        self._accepted_per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                         "Draft tokens accepted at each draft position.", ("position",))
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", label,
+                              buckets=TTFT_BUCKETS, registry=registry).labels(model_name)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency, per token.", label,
+                             buckets=ITL_BUCKETS, registry=registry).labels(model_name)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", label,
+                             buckets=E2E_BUCKETS, registry=registry).labels(model_name)
+        self.batch_size = Histogram("specdec:step_batch_size", "Sequences in each engine step.", label,
+                                    buckets=BATCH_BUCKETS, registry=registry).labels(model_name)
+        self._model_name = model_name
+
+    def record_step(self, outputs: list[StepOutput]) -> None:
+        """Count one engine step: its batch size and each row's drafted and accepted tokens."""
+        self.batch_size.observe(len(outputs))
+        for out in outputs:
+            if out.num_drafted:
+                self.num_drafts.inc()
+                self.num_draft_tokens.inc(out.num_drafted)
+                self.num_accepted_tokens.inc(out.num_accepted)
+            for position in range(out.num_accepted):
+                self._accepted_per_pos.labels(self._model_name, str(position)).inc()
+
+    def record_tokens(self, first: bool, gap: float, count: int) -> None:
+        """``count`` tokens handed over ``gap`` seconds after the request's previous output (or after
+        its arrival when ``first``)."""
+        if count == 0:
+            return
+        self.generation_tokens.inc(count)
+        if first:
+            self.ttft.observe(gap)
+            return
+        for _ in range(count):
+            self.itl.observe(gap / count)
+
+    def record_finish(self, reason: str, seconds: float) -> None:
+        self._success.labels(self._model_name, reason).inc()
+        self.e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

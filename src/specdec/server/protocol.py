@@ -1,0 +1,216 @@
+"""The OpenAI wire format: request models with their validation, error bodies, response pieces.
+
+Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
+not a number), and an OpenAI field this server does not implement (``logprobs``, ``echo``,
+penalties, tools, ...) is refused by name rather than silently ignored. Sampling values are
+checked by :class:`~specdec.sampling.SamplingParams` itself, so the server accepts exactly
+what the Python API accepts. Every problem is an :class:`APIError` carrying OpenAI's error
+shape ``{"error": {"message", "type", "param", "code"}}``.
+
+Usage extension: every ``usage`` object also has a ``specdec`` key with the request's
+speculative metrics summed over its choices (:data:`USAGE_EXTENSION`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from specdec.metrics import RequestMetrics
+from specdec.sampling import SamplingParams
+
+USAGE_EXTENSION = "specdec"
+"""The key under ``usage`` that carries the speculative metrics of a response: ``num_steps``,
+``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``accepted_per_position``,
+``mean_acceptance_length`` (τ) and ``acceptance_rate`` (α)."""
+
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty",
+               "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format",
+               "parallel_tool_calls", "repetition_penalty")
+"""OpenAI (and vLLM) fields this server refuses when set to anything but their neutral value."""
+
+MAX_N = 16
+DESCRIPTIONS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of {'type': 'text', 'text': ...} parts",
+}
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body and an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    """(param, message) of one pydantic error."""
+    loc = [str(part) for part in error["loc"]]
+    if error["type"] == "extra_forbidden":
+        return ".".join(loc), f"unknown field {'.'.join(loc)!r}"
+    if error["type"] == "value_error":  # raised by a validator of ours: its message is complete
+        return ".".join(loc), str(error["ctx"]["error"])
+    path = []
+    for part in loc:  # a union's failed branch names its type (``prompt.list[int]``): cut there
+        if part in DESCRIPTIONS or not part.isidentifier() and not part.isdigit():
+            if part in DESCRIPTIONS:
+                path.append(part)
+            break
+        path.append(part)
+    param = ".".join(path)
+    leaf = path[-1] if path else ""
+    if leaf in DESCRIPTIONS:
+        return param, f"{param} must be {DESCRIPTIONS[leaf]}"
+    return param, f"{param}: {error['msg'].lower()}, got {error['input']!r}"
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """Validate a JSON body into ``model``; the first problem becomes a 400 naming its field."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        param, message = _describe(exc.errors(include_url=False)[0])
+        raise APIError(400, message, param=param or None) from None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's extension: every chunk carries the usage of its choice so far."""
+
+
+class SamplingFields(_Strict):
+    """The fields both endpoints share: model, sampling, stops, ``n`` and streaming."""
+
+    model: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in UNSUPPORTED:
+                if name in data:
+                    if data[name] not in (None, False, 0, [], {}):
+                        raise ValueError(f"{name!r} is not supported by specdec serve")
+                    data = {k: v for k, v in data.items() if k != name}
+        return data
+
+    def sampling_params(self, max_tokens: int, choice: int) -> SamplingParams:
+        """The :class:`SamplingParams` of choice number ``choice`` (a seeded request's choices use
+        ``seed + choice``, so choice 0 is what the same request with ``n=1`` returns)."""
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be an integer in 1..{MAX_N}, got {self.n}", param="n")
+        seed = None if self.seed is None else self.seed + choice
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                              max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                              ignore_eos=self.ignore_eos, seed=seed)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``; ``max_tokens`` defaults to 16 as in OpenAI's API."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = 16
+
+    def prompts(self) -> list[str | dict[str, Any]]:
+        """The prompts as :meth:`specdec.llm.LLM.encode_prompt` takes them."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise APIError(400, "prompt is an empty list", param="prompt")
+        if isinstance(prompt[0], int):
+            return [{"prompt_token_ids": prompt}]
+        return [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompt]
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatRequest(SamplingFields):
+    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to what is
+    left of ``max_model_len`` after the prompt."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+    def conversation(self) -> list[dict[str, str]]:
+        if not self.messages:
+            raise APIError(400, "messages is an empty list", param="messages")
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics | None) -> dict[str, Any]:
+    """OpenAI's ``usage`` plus the :data:`USAGE_EXTENSION` speculative metrics."""
+    data: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if metrics is not None:
+        data[USAGE_EXTENSION] = {
+            "num_steps": metrics.num_steps, "num_drafts": metrics.num_drafts,
+            "num_draft_tokens": metrics.num_draft_tokens, "num_accepted_tokens": metrics.num_accepted_tokens,
+            "accepted_per_position": list(metrics.accepted_per_position),
+            "mean_acceptance_length": metrics.mean_acceptance_length, "acceptance_rate": metrics.acceptance_rate,
+        }
+    return data

@@ -1,0 +1,208 @@
+"""``num_speculative_tokens="auto"``: the k policy on synthetic figures, and losslessness with it.
+
+The policy tests feed :mod:`specdec.adaptive` made-up acceptance and step times and check that it
+picks the k that S(k) = (1 − α^(k+1)) / ((1 − α)(kc + 1)) says, switches speculation off where the
+predicted speedup is below 1 (low acceptance, or a verification forward whose cost grows with its
+tokens, as at a large batch on CPU), and gives better rows longer drafts. The engine tests check
+greedy equality and sampling exactness with auto k and with the draft's confidence stop.
+"""
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from test_sampling_exactness import SETTINGS, pvalues
+
+from specdec import LLM, SamplingParams
+from specdec.adaptive import AdaptiveK, CostModel, FixedK, StepCost, choose_ks, expected_tokens
+from specdec.errors import SpecDecError
+
+MAX_K = 8
+
+
+def formula(alpha: float, k: int, c: float) -> float:
+    """S(k) of the issue (S(0) = 1: plain decoding)."""
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.55, 0.7, 0.8, 0.9, 0.97])
+@pytest.mark.parametrize("c", [0.02, 0.1, 0.25, 0.6])
+def test_single_row_picks_the_formulas_k(alpha, c):
+    """Batch 1, a flat target cost (verification free) and draft cost c per position: argmax S(k)."""
+    ks, speedup = choose_ks([[alpha] * MAX_K], [MAX_K], CostModel(intercept=1.0, slope=0.0, draft=c))
+    scores = [formula(alpha, k, c) for k in range(MAX_K + 1)]
+    assert ks == [int(np.argmax(scores))]
+    assert speedup == pytest.approx(max(scores))
+
+
+def test_speculation_off_below_one():
+    """α = 0.2 and c = 0.5: every S(k) < 1, so no drafts and a predicted speedup of exactly 1."""
+    assert max(formula(0.2, k, 0.5) for k in range(1, MAX_K + 1)) < 1
+    ks, speedup = choose_ks([[0.2] * MAX_K], [MAX_K], CostModel(1.0, 0.0, 0.5))
+    assert ks == [0] and speedup == 1.0
+
+
+def test_expected_tokens_generalises_the_formula():
+    assert expected_tokens([0.6] * 5, 5) == pytest.approx((1 - 0.6**6) / 0.4)
+    assert expected_tokens([0.9, 0.5, 0.1], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.045)
+    assert expected_tokens([0.9, 0.5], 0) == 1.0
+
+
+def test_batch_where_verification_is_not_free_turns_speculation_off():
+    """32 rows at α = 0.8: with a flat target cost they draft; when each extra token costs as much as
+    a row (compute-bound verification), E(k) / (k + 1) < 1 and they do not."""
+    rates, limits = [[0.8] * MAX_K] * 32, [MAX_K] * 32
+    free, speedup = choose_ks(rates, limits, CostModel(1.0, 0.0, 0.01))
+    assert all(k > 0 for k in free) and speedup > 2
+    bound, speedup = choose_ks(rates, limits, CostModel(0.0, 1.0, 0.01))
+    assert bound == [0] * 32 and speedup == 1.0
+    # In between (verification a little dearer per token than free), fewer drafts than when free.
+    some, _ = choose_ks(rates, limits, CostModel(8.0, 0.1, 0.01))
+    assert 0 < sum(some) < sum(free)
+
+
+def test_better_rows_draft_more():
+    ks, _ = choose_ks([[0.95] * MAX_K, [0.5] * MAX_K, [0.05] * MAX_K], [MAX_K, MAX_K, 2],
+                      CostModel(1.0, 0.05, 0.05))
+    assert ks[0] > ks[1] > ks[2] == 0
+    assert choose_ks([[0.9] * MAX_K], [3], CostModel(1.0, 0.0, 0.01))[0] == [3]  # the row's limit holds
+
+
+@dataclass
+class FakeSeq:
+    request_id: str
+
+
+def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: int = 0) -> list[list[int]]:
+    """Run :class:`AdaptiveK` against Bernoulli(α) acceptance and a synthetic clock
+    ``step_seconds(num_tokens, width) -> (target, draft)``; returns the ks chosen at each step."""
+    policy, rng = AdaptiveK(MAX_K), random.Random(seed)
+    seqs = [FakeSeq(str(b)) for b in range(rows)]
+    chosen = []
+    for _ in range(steps):
+        ks = policy.choose(seqs, [MAX_K] * rows)
+        accepted = []
+        for k in ks:
+            a = 0
+            while a < k and rng.random() < alpha:
+                a += 1
+            accepted.append(a)
+        width = max(ks)
+        target, draft = step_seconds(rows + sum(ks), width)
+        policy.observe(seqs, ks, accepted, StepCost(rows + sum(ks), width, target, draft))
+        chosen.append(ks)
+    return chosen
+
+
+def test_policy_learns_the_formulas_k_from_measurements():
+    """α = 0.8, flat target time 10 ms, draft 1 ms per position (c = 0.1): S peaks at k = 6 (a broad
+    peak: S(4..8) within 3%); the policy, learning α and c online, drafts 4..8 on nearly every step."""
+    chosen = simulate(0.8, lambda n, w: (0.010, 0.001 * w))[100:]
+    assert int(np.argmax([formula(0.8, k, 0.1) for k in range(MAX_K + 1)])) == 6
+    assert np.mean([4 <= ks[0] <= 8 for ks in chosen]) > 0.85
+
+
+def test_policy_switches_off_with_low_acceptance_and_with_costly_verification():
+    low = simulate(0.1, lambda n, w: (0.010, 0.003 * w))[100:]
+    assert np.mean([ks[0] == 0 for ks in low]) > 0.85  # only the periodic probes draft
+    # 16 rows, α = 0.7 but every token of the target forward costs 1 ms: off, though drafting is free.
+    costly = simulate(0.7, lambda n, w: (0.001 * n, 0.0), rows=16)[100:]
+    assert np.mean([sum(ks) == 0 for ks in costly]) > 0.85
+    cheap = simulate(0.7, lambda n, w: (0.010 + 0.00001 * n, 0.0), rows=16)[100:]
+    assert np.mean([sum(ks) >= 32 for ks in cheap]) > 0.85
+
+
+def test_fixed_k_respects_limits():
+    assert FixedK(4).choose([FakeSeq("a"), FakeSeq("b")], [4, 2]) == [4, 2]
+
+
+@pytest.mark.parametrize("config", [
+    {"num_speculative_tokens": "four"},
+    {"num_speculative_tokens": "auto", "max_num_speculative_tokens": 0},
+    {"num_speculative_tokens": "auto", "max_num_speculative_tokens": 65},
+    {"num_speculative_tokens": 4, "draft_confidence_threshold": 1.5},
+    {"num_speculative_tokens": 4, "draft_confidence_threshold": True},
+])
+def test_bad_auto_config(model_dirs, config):
+    with pytest.raises(SpecDecError, match="num_speculative_tokens|draft_confidence_threshold"):
+        LLM(model_dirs["llama"]["target"], dtype="float64",
+            speculative_config={"method": "draft_model", "model": str(model_dirs["llama"]["random"]), **config})
+
+
+def test_confidence_threshold_only_where_supported(model_dirs):
+    with pytest.raises(SpecDecError, match="'ngram' takes no draft_confidence_threshold"):
+        LLM(model_dirs["llama"]["target"], dtype="float64",
+            speculative_config={"method": "ngram", "draft_confidence_threshold": 0.5})
+
+
+PROMPTS = [[3, 5, 7, 3, 5, 7, 11, 3, 5], [42, 1, 17, 29, 8, 64, 2], [7], [90, 91, 90, 91, 90], [60, 5, 60, 6]]
+MAX_TOKENS = [40, 24, 31, 17, 28]
+
+
+@pytest.mark.parametrize("arch,backend", [("llama", "fast"), ("gpt2", "hf")])
+@pytest.mark.parametrize("spec", [
+    {"method": "draft_model", "draft": "truncated", "num_speculative_tokens": "auto"},
+    {"method": "draft_model", "draft": "same", "num_speculative_tokens": "auto", "max_num_speculative_tokens": 3},
+    {"method": "draft_model", "draft": "truncated", "num_speculative_tokens": 4, "draft_confidence_threshold": 0.3},
+    {"method": "ngram", "num_speculative_tokens": "auto"},
+], ids=["auto-truncated", "auto-same-max3", "threshold", "auto-ngram"])
+def test_greedy_equality_with_auto_k(model_dirs, arch, backend, spec):
+    """Batched greedy output with auto k (real timings, whatever they choose) equals plain greedy output."""
+    dirs = model_dirs[arch]
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in MAX_TOKENS]
+    requests = [{"prompt_token_ids": p} for p in PROMPTS]
+    plain = LLM(dirs["target"], dtype="float64", backend=backend, max_num_seqs=4).generate(requests, params)
+    config = {k: v for k, v in spec.items() if k != "draft"}
+    if "draft" in spec:
+        config["model"] = str(dirs[spec["draft"]])
+    llm = LLM(dirs["target"], dtype="float64", backend=backend, max_num_seqs=4, speculative_config=config)
+    outputs = llm.generate(requests, params)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
+    assert llm.batch_metrics.num_draft_tokens > 0
+    if "draft_confidence_threshold" in spec:  # some rows stopped early
+        assert llm.batch_metrics.num_draft_tokens < 4 * llm.batch_metrics.num_rows
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from helpers import build_model
+    from test_sampling_exactness import VOCAB
+
+    root = tmp_path_factory.mktemp("adaptive_exact")
+    target = build_model("llama", seed=11, vocab=VOCAB, layers=2, scale=3.0)
+    build_model("llama", seed=12, vocab=VOCAB, layers=1, scale=3.0).save_pretrained(root / "draft")
+    target.save_pretrained(root / "target")
+    return target, root
+
+
+CASES = [
+    # auto k (at most 2) with a fixed synthetic cost, so that rows choose 0, 1 or 2 drafts from their
+    # own measured acceptance, step by step.
+    {"num_speculative_tokens": "auto", "max_num_speculative_tokens": 2},
+    # a fixed k = 2 with the confidence stop: some rows draft 0 or 1.
+    {"num_speculative_tokens": 2, "draft_confidence_threshold": 0.6},
+]
+
+
+@pytest.mark.parametrize("config", CASES, ids=["auto", "threshold"])
+def test_sampling_exactness(pair, monkeypatch, config):
+    target, root = pair
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self: CostModel(1.0, 0.02, 0.25))
+    llm = LLM(root / "target", speculative_config={"method": "draft_model", "model": str(root / "draft"), **config},
+              dtype="float64", max_num_seqs=16)
+    drafted: list[int] = []
+    step = llm.engine.step
+
+    def counting_step(seqs):
+        outputs = step(seqs)
+        drafted.extend(o.num_drafted for o in outputs if len(o.token_ids) and not o.finish_reason)
+        return outputs
+
+    monkeypatch.setattr(llm.engine, "step", counting_step)
+    results = pvalues(target, llm, [3, 1, 4], (3, 2))
+    for settings, pvalue in zip(SETTINGS, results):
+        assert pvalue > 1e-3, f"{settings}: samples deviate from the target distribution (p={pvalue:.2e})"
+    assert {0, 1, 2} <= set(drafted), f"the test needs rows drafting 0, 1 and 2 tokens, saw {sorted(set(drafted))}"
+    batch = llm.batch_metrics
+    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens

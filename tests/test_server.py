@@ -1,0 +1,325 @@
+"""``specdec serve`` end to end: a real uvicorn server on a free loopback port, the official
+``openai`` client, tiny float64 models (greedy output is then exact)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+from helpers import truncated_copy
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdec import LLM, SamplingParams
+from specdec.server import create_app
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant> {% endif %}")
+KEY = "sekret-key"
+PROMPTS = ["def f(x):\n", "for i in range(10):\n    print(", "x = 1\n"]
+SPEC = "spec"
+PLAIN = "plain"
+
+
+@pytest.fixture(scope="module")
+def draft_dir(text_model_dirs, tmp_path_factory):
+    """A draft that disagrees with the text target sometimes (its first layer only)."""
+    model = AutoModelForCausalLM.from_pretrained(text_model_dirs["target"], dtype=torch.float64)
+    path = tmp_path_factory.mktemp("server_draft")
+    truncated_copy(model, keep_layers=1).save_pretrained(path)
+    AutoTokenizer.from_pretrained(text_model_dirs["target"]).save_pretrained(path)
+    return path
+
+
+def make_llm(text_model_dirs, draft_dir, kind: str, max_num_seqs: int = 4) -> LLM:
+    spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 3} if kind == SPEC else None
+    return LLM(text_model_dirs["target"], speculative_config=spec, dtype="float64", max_num_seqs=max_num_seqs)
+
+
+class Served:
+    """A uvicorn server in a thread on a free loopback port."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.root = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+
+    @property
+    def state(self):
+        return self.app.state.specdec
+
+    def client(self, api_key: str = "unused", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.root + "/v1", api_key=api_key, max_retries=0, **kwargs)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = httpx.get(self.root + "/metrics").text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(self, name: str, **labels) -> float:
+        return sum(v for (n, lab), v in self.metrics().items()
+                   if n == name and all(dict(lab).get(k) == w for k, w in labels.items()))
+
+    def settle(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.value("vllm:num_requests_running") or self.value("vllm:num_requests_waiting"):
+            assert time.monotonic() < deadline, "requests are still running"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def spec_server(text_model_dirs, draft_dir):
+    """draft_model speculation, a chat template given, no auth."""
+    served = Served(create_app(make_llm(text_model_dirs, draft_dir, SPEC), served_model_name="tiny", api_key="",
+                               chat_template=TEMPLATE))
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_server(text_model_dirs, draft_dir):
+    """Plain decoding, auth on, no chat template, a small queue and body limit."""
+    served = Served(create_app(make_llm(text_model_dirs, draft_dir, PLAIN, max_num_seqs=2), served_model_name="tiny",
+                               api_key=KEY, max_queue_len=1, max_body_bytes=20_000))
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(text_model_dirs, draft_dir):
+    return {kind: make_llm(text_model_dirs, draft_dir, kind) for kind in (SPEC, PLAIN)}
+
+
+def offline_texts(llm: LLM, prompts, params) -> list[str]:
+    return [o.outputs[0].text for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("kind", [SPEC, PLAIN])
+def test_greedy_completions_equal_offline_generate(kind, spec_server, plain_server, offline):
+    served = spec_server if kind == SPEC else plain_server
+    client = served.client(KEY)
+    params = SamplingParams(temperature=0, max_tokens=40, stop=["\n\n"])
+    expected = offline_texts(offline[kind], PROMPTS, params)
+    response = client.completions.create(model="tiny", prompt=PROMPTS, temperature=0, max_tokens=40, stop=["\n\n"])
+    assert [c.text for c in sorted(response.choices, key=lambda c: c.index)] == expected
+    assert offline_texts(offline[PLAIN], PROMPTS, params) == expected  # speculation is lossless
+    ids = offline[kind].tokenizer(PROMPTS[0])["input_ids"]
+    by_ids = client.completions.create(model="tiny", prompt=ids, temperature=0, max_tokens=40, stop=["\n\n"])
+    assert by_ids.choices[0].text == expected[0]
+    usage = response.usage
+    assert usage.prompt_tokens == sum(len(offline[kind].tokenizer(p)["input_ids"]) for p in PROMPTS)
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens > usage.prompt_tokens
+    extension = usage.model_extra["specdec"]
+    assert (extension["num_drafts"] > 0) == (kind == SPEC)
+    assert extension["mean_acceptance_length"] >= 1.0
+
+
+def test_streamed_chunks_concatenate_to_the_text(spec_server):
+    client = spec_server.client()
+    for prompt in PROMPTS:
+        kwargs = dict(model="tiny", prompt=prompt, max_tokens=50, temperature=0.8, seed=3, stop=["):"])
+        whole = client.completions.create(**kwargs)
+        chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_chat_uses_the_template(spec_server, offline):
+    client = spec_server.client()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def f(x):"}]
+    tokenizer = offline[SPEC].tokenizer
+    prompt = tokenizer.apply_chat_template(messages, chat_template=TEMPLATE, tokenize=False,
+                                           add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    expected = offline[SPEC].generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=30))
+    response = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=30)
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == expected[0].outputs[0].text
+    assert response.usage.prompt_tokens == len(ids)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=30,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected[0].outputs[0].text
+    assert chunks[-1].choices[0].finish_reason == expected[0].outputs[0].finish_reason
+
+
+def test_chat_without_a_template_is_a_clear_400(plain_server):
+    with pytest.raises(openai.BadRequestError) as info:
+        plain_server.client(KEY).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert "--chat-template" in info.value.body["message"]
+
+
+def test_sixteen_concurrent_mixed_requests(spec_server, offline):
+    client = spec_server.client()
+    cases = []
+    for i in range(16):
+        prompt = PROMPTS[i % 3] + "#" * (i % 4)
+        kind = i % 4
+        if kind == 0:
+            kwargs = dict(temperature=0, max_tokens=20 + i)
+        elif kind == 1:
+            kwargs = dict(temperature=0.9, top_k=20, seed=i, max_tokens=25)
+        elif kind == 2:
+            kwargs = dict(temperature=1.1, top_p=0.8, min_p=0.05, seed=i, max_tokens=30, stop=[")"])
+        else:
+            kwargs = dict(temperature=0.7, seed=i, max_tokens=15, n=2)
+        cases.append((prompt, kwargs, i % 2 == 1))
+    batches_before = spec_server.value("specdec:step_batch_size_count")
+    small_before = spec_server.value("specdec:step_batch_size_bucket", le="2.0")
+
+    def run(case):
+        prompt, kwargs, stream = case
+        extra = {k: kwargs[k] for k in ("top_k", "min_p") if k in kwargs}  # vLLM's extensions
+        kwargs = {k: v for k, v in kwargs.items() if k not in extra} | {"extra_body": extra}
+        if not stream:
+            return [c.text for c in client.completions.create(model="tiny", prompt=prompt, **kwargs).choices]
+        texts = ["", ""]
+        for chunk in client.completions.create(model="tiny", prompt=prompt, stream=True, **kwargs):
+            texts[chunk.choices[0].index] += chunk.choices[0].text
+        return texts[: kwargs.get("n", 1)]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(run, cases))
+    for (prompt, kwargs, _), texts in zip(cases, results):
+        n = kwargs.pop("n", 1)
+        seed = kwargs.pop("seed", None)
+        params = [SamplingParams(**kwargs, seed=None if seed is None else seed + c) for c in range(n)]
+        assert texts == offline_texts(offline[SPEC], [prompt] * n, params), (prompt, kwargs)
+    steps = spec_server.value("specdec:step_batch_size_count") - batches_before
+    small = spec_server.value("specdec:step_batch_size_bucket", le="2.0") - small_before
+    assert steps > 0 and small < steps  # steps of more than two sequences ran: the batched path
+    spec_server.settle()
+
+
+def error_of(call, status: int) -> dict:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    assert info.value.status_code == status
+    body = info.value.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+def test_bad_requests_get_400_in_openai_shape(spec_server):
+    client = spec_server.client()
+    create = client.completions.create
+    error = error_of(lambda: create(model="tiny", prompt="x", extra_body={"colour": "red"}), 400)
+    assert "colour" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt="x", max_tokens="many"), 400)
+    assert error["param"] == "max_tokens"
+    error = error_of(lambda: create(model="tiny", prompt="x", top_p=1.5), 400)
+    assert "top_p" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt="x", temperature=-1), 400)
+    assert "temperature" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt="x " * 400), 400)
+    assert "too long" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt="x", logprobs=2), 400)
+    assert "logprobs" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt=[10**6]), 400)
+    assert "vocabulary" in error["message"]
+    response = httpx.post(spec_server.root + "/v1/completions", content=b"{not json")
+    assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+
+
+def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server):
+    error = error_of(lambda: spec_server.client().completions.create(model="other", prompt="x"), 404)
+    assert error["code"] == "model_not_found"
+    response = httpx.get(spec_server.root + "/v2/nothing")
+    assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
+    client = plain_server.client(KEY)
+    error = error_of(lambda: client.completions.create(model="tiny", prompt="x", n=4), 429)  # 2 slots + 1 queued
+    assert "queue is full" in error["message"]
+    error = error_of(lambda: client.completions.create(model="tiny", prompt="x" * 30_000), 413)
+    assert "larger than" in error["message"]
+    assert client.completions.create(model="tiny", prompt="x", n=3, max_tokens=3).usage.completion_tokens > 0
+
+
+def test_auth(plain_server, spec_server):
+    error = error_of(lambda: plain_server.client("wrong").models.list(), 401)
+    assert error["code"] == "invalid_api_key"
+    assert httpx.get(plain_server.root + "/v1/models").status_code == 401
+    assert [m.id for m in plain_server.client(KEY).models.list().data] == ["tiny"]
+    assert [m.id for m in spec_server.client("anything").models.list().data] == ["tiny"]  # auth off
+    assert httpx.get(plain_server.root + "/health").json() == {"status": "ok"}  # no key needed
+
+
+def test_disconnect_aborts_and_frees_the_slot(spec_server, monkeypatch):
+    spec_server.settle()
+    llm = spec_server.state.llm
+    step = llm.step
+
+    def slow_step():  # a tiny model finishes 190 tokens too fast for a client to leave in between
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(llm, "step", slow_step)
+    aborted = spec_server.value("specdec:request_aborted_total")
+    with httpx.stream("POST", spec_server.root + "/v1/completions",
+                      json={"prompt": "x = 1\n", "max_tokens": 5000, "ignore_eos": True, "stream": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert spec_server.value("vllm:num_requests_running") == 1
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming request whose client gives up
+        httpx.post(spec_server.root + "/v1/completions", timeout=0.5,
+                   json={"prompt": "x = 1\n", "max_tokens": 5000, "ignore_eos": True})
+    spec_server.settle()
+    assert spec_server.value("specdec:request_aborted_total") == aborted + 2
+    monkeypatch.setattr(llm, "step", step)
+    # Every slot is free again: max_num_seqs sequences run in one step.
+    four_before = spec_server.value("specdec:step_batch_size_count") - spec_server.value(
+        "specdec:step_batch_size_bucket", le="2.0")
+    response = spec_server.client().completions.create(model="tiny", prompt="x", n=4, max_tokens=20,
+                                                       temperature=1.0, extra_body={"ignore_eos": True})
+    assert [c.finish_reason for c in response.choices] == ["length"] * 4
+    four_after = spec_server.value("specdec:step_batch_size_count") - spec_server.value(
+        "specdec:step_batch_size_bucket", le="2.0")
+    assert four_after > four_before
+
+
+def test_metrics_add_up_to_the_requests_own(spec_server):
+    spec_server.settle()
+    names = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total"]
+    before = {n: spec_server.value(n) for n in names}
+    per_pos_before = [spec_server.value("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                      for i in range(3)]
+    tokens_before = spec_server.value("vllm:generation_tokens_total")
+    client = spec_server.client()
+    usages = [client.completions.create(model="tiny", prompt=p, max_tokens=30, temperature=t, seed=1).usage
+              for p in PROMPTS for t in (0, 1.0)]
+    metrics = spec_server.metrics()
+    assert {n for n, _ in metrics} >= {"vllm:num_requests_running", "vllm:num_requests_waiting",
+                                       "vllm:time_to_first_token_seconds_bucket",
+                                       "vllm:inter_token_latency_seconds_bucket",
+                                       "vllm:e2e_request_latency_seconds_bucket", "process_resident_memory_bytes"}
+    keys = ["num_drafts", "num_draft_tokens", "num_accepted_tokens"]
+    for name, key in zip(names, keys):
+        assert spec_server.value(name) - before[name] == sum(u.model_extra["specdec"][key] for u in usages) > 0
+    for i in range(3):
+        delta = spec_server.value("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+        expected = sum((u.model_extra["specdec"]["accepted_per_position"] + [0] * 3)[i] for u in usages)
+        assert delta - per_pos_before[i] == expected
+    assert spec_server.value("vllm:generation_tokens_total") - tokens_before == sum(u.completion_tokens
+                                                                                    for u in usages)
