@@ -97,3 +97,23 @@ def test_release_forgets_the_sequence():
     b = make_seq("a", [7, 8, 9], slot=0)
     drafter.add([b])
     assert drafter.propose([b], [2], sampling([b])).num_draft == [0]
+
+
+def test_candidates_are_distinct_continuations_best_first():
+    # [1, 2] is followed by 10 11 (at 0), 20 21 (at 4) and again 10 11 (at 8); 2 alone also by 30.
+    context = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2, 10, 11, 2, 30, 1, 2]
+    index = _Index(1, 2)
+    assert index.candidates(context, 2, 1) == [lookup(context, 2, max_n=2)]
+    assert index.candidates(context, 2, 3) == [[10, 11], [20, 21], [30, 1]]
+
+
+def test_candidate_tree_is_a_trie_within_the_budget():
+    from specdec.drafters.ngram import candidate_tree
+
+    tokens, parents = candidate_tree([[5, 6, 7, 8], [5, 9, 9], [4, 4]], budget=6)
+    # Limits: the others 6 // 6 = 1 token each, the first 4; [5] is shared with the first.
+    assert (tokens, parents) == ([5, 6, 7, 8, 4], [-1, 0, 1, 2, -1])
+    tokens, parents = candidate_tree([[5, 6, 7, 8], [5, 9, 9]], budget=8)
+    assert (tokens, parents) == ([5, 6, 7, 8, 9], [-1, 0, 1, 2, 0]) and len(tokens) <= 8
+    assert candidate_tree([[1, 2], [3]], budget=1) == ([1], [-1])
+    assert candidate_tree([], budget=4) == ([], [])

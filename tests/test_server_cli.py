@@ -40,6 +40,10 @@ def test_sigterm_drains_running_requests_then_exits_0():
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
         assert httpx.get(root + "/v1/models").json()["data"][0]["id"] == "specdec-default-pair"
+        chat = httpx.post(root + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "sort a list"}], "max_tokens": 4, "temperature": 0})
+        assert chat.status_code == 200, chat.text  # the embedded pair's shipped template
+        assert chat.json()["choices"][0]["message"]["role"] == "assistant"
         text, finish, tokens = "", None, 0
         body = {"prompt": "def quicksort(arr):\n", "max_tokens": 100, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}

@@ -14,7 +14,10 @@ with a flat ``t`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with ``c = d
 Estimates are online: acceptance per sequence (decayed counts, with the engine-wide pool of all
 sequences as the prior of a new one), cost per engine. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
-cost line stay measured. Any rule that fixes ``k`` before a step is drafted keeps verification
+cost line stay measured. The first step of each shape (rows, tokens, width) is not timed (it pays
+one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
+prediction counts as that, and drafting right after a step without drafts (the drafter catching
+up) is not taken as a cost per position. Any rule that fixes ``k`` before a step is drafted keeps verification
 lossless; with ``"auto"`` the rule depends on timings, so a seeded sampled request is distributed
 exactly as the target but need not repeat the same tokens run to run.
 """
@@ -29,6 +32,7 @@ AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
+OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
 
 
 class FixedK:
@@ -182,14 +186,16 @@ class AdaptiveK:
     fastest, at most ``max_k`` (see the module docstring)."""
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
-                 cost_decay: float = 0.95) -> None:
+                 cost_decay: float = 0.95, draft_decay: float = 0.8) -> None:
         self.max_k, self.probe_every, self.seq_decay = max_k, probe_every, seq_decay
         self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0)
         self.target = LineFit(cost_decay)
         self.draft_per_position: float | None = None
-        self.cost_decay = cost_decay
+        self.draft_decay = draft_decay
         self.seqs: dict[str, Acceptance] = {}
+        self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.steps = 0
+        self.last_width = 0
         self.last_speedup = 1.0
 
     def _acceptance(self, seq: Sequence) -> Acceptance:
@@ -225,12 +231,26 @@ class AdaptiveK:
             if n:
                 self._acceptance(s).update(n, a)
                 self.pool.update(n, a)
-        self.target.add(step.num_tokens, step.target_seconds)
-        if step.width:
+        last_width, self.last_width = self.last_width, step.width
+        shape = (len(seqs), step.num_tokens, step.width)
+        if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
+            self.seen.add(shape)
+            return
+        cost = self.cost_model()
+        target = step.target_seconds
+        if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
+            target = min(target, OUTLIER * max(cost.seconds(step.num_tokens, 0), 1e-9))
+        self.target.add(step.num_tokens, target)
+        # After a step without drafts the drafter first catches up on the tokens it missed: not a
+        # cost per position.
+        if step.width and last_width:
             per_position = step.draft_seconds / step.width
             old = self.draft_per_position
-            self.draft_per_position = per_position if old is None else \
-                self.cost_decay * old + (1 - self.cost_decay) * per_position
+            if old is None:
+                self.draft_per_position = per_position
+            else:
+                per_position = min(per_position, OUTLIER * old)
+                self.draft_per_position = self.draft_decay * old + (1 - self.draft_decay) * per_position
 
     def release(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)

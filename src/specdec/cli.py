@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.server.cli import register as register_serve
     from specdec.server.loadgen import register as register_bench_serve
     from specdec.train.cli import register as register_train
+    from specdec.verify_cli import register as register_verify
 
     parser = OneLineParser(
         prog="specdec", description="Lossless speculative decoding for Hugging Face causal LMs."
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(sub)
     register_serve(sub)
     register_bench_serve(sub)
+    register_verify(sub)
     return parser
 
 

@@ -5,6 +5,11 @@ Cache invariant (chain): a sequence's slot holds every committed token except th
 ``a`` drafts accepted the slot is rolled back to ``L+1+a`` and the recovered or bonus token
 becomes the new pending token. Plain decoding is the same step with no drafter (n = 0).
 
+Trees (``DraftBatch.parents``, the form of :mod:`specdec.tree`): a row feeds ``[pending,
+nodes]`` at cache indices ``L..L+n`` and positions ``L + depth`` with the tree's ancestor mask;
+after verification the accepted path's entries are moved to ``L+1..L+a``
+(``cache.compact``) and the slot is rolled back to ``L+1+a`` as for a chain.
+
 The step reads the device once: the verified tokens and accepted counts of every row, as one
 tensor. Everything before that (drafting, the target forward, sampling, verification) is
 queued on the device without waiting for it.
@@ -22,7 +27,8 @@ from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
-from specdec.verify import verify_greedy, verify_stochastic
+from specdec.tree import ancestor_mask, compaction_moves, depths
+from specdec.verify import verify_greedy, verify_stochastic, verify_tree_greedy, verify_tree_stochastic
 
 
 @dataclass
@@ -57,6 +63,8 @@ class Engine:
         self.cache: KVCache = target.new_cache(num_slots, max_model_len)
         if drafter is not None:
             drafter.bind_target_cache(self.cache)
+        # The target's hidden states the drafter reads (returned by every forward, handed over verified).
+        self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
         self.metrics = BatchMetrics()
         self._clock = StageClock(target.device)
 
@@ -70,9 +78,17 @@ class Engine:
         for s in seqs:
             self.cache.release(s.slot)
         rows = [s for s in seqs if len(s.prompt_ids) > 1]
+        hidden = {}
         for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.target.device):
-            self.target.forward(batch, self.cache)
+            if self.hidden_layers:
+                batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
+            out = self.target.forward(batch, self.cache)
+            for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+                hidden[slot] = out.hidden[a:b] if self.hidden_layers else None
         if self.drafter is not None:
+            if self.hidden_layers:
+                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
+                self.drafter.observe_hidden(seqs, [hidden.get(s.slot, none) for s in seqs])
             self.drafter.add(seqs)
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
@@ -108,7 +124,9 @@ class Engine:
                                            [s.slot for s in seqs], device)
         else:
             batch, grid = self._verify_batch(seqs, draft)
-        logits = self.target.forward(batch, self.cache).logits
+        batch.hidden_layers = self.hidden_layers
+        forward = self.target.forward(batch, self.cache)
+        logits = forward.logits
         clock.lap("target")
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
@@ -117,18 +135,13 @@ class Engine:
             token = logits.argmax(-1) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
-            target_logits = logits[grid]  # [B, K+1, V]
-            num_draft = to_device(draft.num_draft, device)
-            if sampling.all_greedy:
-                output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
-            else:
-                probs = sampling.probs(target_logits)
-                uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
-                noise = sampling.noise(probs[:, 0])
-                output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms,
-                                                         noise)
-            # The step's one host sync: every row's emitted tokens and accepted count.
-            result = torch.cat([output, num_accepted[:, None]], dim=1).tolist()
+            output, num_accepted, path = self._verify(draft, logits[grid], sampling)  # logits [B, K+1, V]
+            # The step's one host sync: every row's emitted tokens, accepted node indices and count.
+            result = torch.cat([output, path, num_accepted[:, None]], dim=1).tolist()
+        paths = [row[width + 1 : width + 1 + row[-1]] for row in result]  # accepted node indices per row
+        if draft is not None and draft.parents is not None:  # the accepted path's cache entries to L+1..L+a
+            starts = [len(s.token_ids) - 1 for s in seqs]
+            self.cache.compact(*compaction_moves([s.slot for s in seqs], starts, paths))
         clock.lap("other")
 
         # 4. Commit: emit accepted drafts plus the recovered/bonus token, stopping exactly at a stop
@@ -148,6 +161,13 @@ class Engine:
         # 5. Observe: the drafter rolls back its own state for the rows that go on.
         if self.drafter is not None:
             going_on = [(s, a) for s, a in zip(seqs, accepted) if not s.finished]
+            if going_on and self.hidden_layers:  # the verified positions: the pending token and the accepted drafts
+                cu = batch.cu_seqlens
+                self.drafter.observe_hidden([s for s, _ in going_on], [
+                    forward.hidden[[cu[b] + j for j in (0, *(p + 1 for p in paths[b]))]]
+                    for b, s in enumerate(seqs) if not s.finished])
+            if going_on and draft is not None and draft.parents is not None:
+                self.drafter.observe_paths([s for s, _ in going_on], [p for s, p in zip(seqs, paths) if not s.finished])
             if going_on:
                 self.drafter.observe([s for s, _ in going_on], [a for _, a in going_on])
         clock.lap("drafting")
@@ -178,10 +198,38 @@ class Engine:
         input_ids = table.reshape(-1)[host[:n]]
         grid_t = host[2 * n : 2 * n + len(grid)].view(len(seqs), width + 1)
         batch = ForwardBatch(input_ids, host[n : 2 * n], [s.slot for s in seqs], cu)
+        if draft.parents is not None:  # each node sees its ancestors, at position L + depth
+            mask = ancestor_mask(draft.parents, to_device(draft.num_draft, device))  # [B, K+1, K+1]
+            flat = host[:n]
+            batch.tree_mask = mask.reshape(-1, width + 1)[flat]
+            batch.positions = batch.positions - flat % (width + 1) + depths(mask).reshape(-1)[flat]
         if draft.hidden is not None:  # the drafter already ran the first layers: resume after them
             batch.input_hidden = draft.hidden.reshape(-1, draft.hidden.shape[-1])[host[:n]]
             batch.layers = draft.remaining_layers
         return batch, grid_t
+
+    @staticmethod
+    def _verify(draft: DraftBatch, target_logits: torch.Tensor, sampling: SamplingBatch
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy or exact verification of chains or trees: ``(output [B, K+1], num_accepted [B],
+        path [B, K])``; a chain's path is its first ``num_accepted`` columns."""
+        device, width = target_logits.device, draft.tokens.shape[1]
+        num_draft = to_device(draft.num_draft, device)
+        tree = draft.parents is not None
+        if sampling.all_greedy:
+            if tree:
+                return verify_tree_greedy(draft.tokens, draft.parents, num_draft, target_logits)
+            output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
+        else:
+            probs = sampling.probs(target_logits)
+            uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
+            noise = sampling.noise(probs[:, 0])
+            if tree:
+                return verify_tree_stochastic(draft.tokens, draft.parents, num_draft, draft.probs, probs, uniforms,
+                                              noise)
+            output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
+        columns = torch.arange(width, device=device)
+        return output, num_accepted, torch.where(columns < num_accepted[:, None], columns, -1)
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
         m = self.metrics

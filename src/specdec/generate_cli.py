@@ -62,16 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt text")
     p.add_argument("--prompts-file", type=Path,
                    help="JSONL file: one object per line with 'prompt' or 'prompt_token_ids'")
-    p.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
-    p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
-    p.add_argument("--speculative-model",
-                   help="draft model folder or hub id (for methods that need one, such as draft_model)")
-    p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
-                   help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
-                   f"else {PLAIN})")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step, k (default 4)")
-    p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
-    p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
+    add_model_flags(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -80,7 +71,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.set_defaults(func=run)
+
+
+def _k_value(text: str) -> int | str:
+    """``--num-speculative-tokens``: an integer, or ``auto``."""
+    from specdec.adaptive import AUTO
+
+    if text == AUTO:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or {AUTO!r}, got {text!r}") from None
+
+
+def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> None:
+    """The flags that build an ``LLM``: models, speculative method and its settings, dtype, device,
+    backend and pool size (``specdec generate`` and ``specdec verify``)."""
+    p.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
+    p.add_argument("--speculative-model",
+                   help="draft model folder or hub id (for methods that need one, such as draft_model)")
+    p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
+                   help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
+                   f"else {PLAIN})")
+    p.add_argument("--num-speculative-tokens", type=_k_value, default=4,
+                   help="draft tokens per step, k, or 'auto': each row's k per step from measured acceptance and "
+                   "cost (default 4)")
+    p.add_argument("--max-num-speculative-tokens", type=int, default=8,
+                   help="with --num-speculative-tokens auto, the largest k (default 8)")
+    p.add_argument("--draft-confidence-threshold", type=float, default=None,
+                   help="draft_model: stop a row's draft before a token whose top draft probability is below this")
+    p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
+    p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
+    p.add_argument("--dtype", default=dtype_default, help=f"auto, float32, bfloat16, float16 or float64 "
+                   f"(default {dtype_default})")
     p.add_argument("--speculative-dtype", default=None,
                    help="draft model dtype (default: the target's; float32 for a bf16/fp16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -90,9 +118,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="tokens per sequence, prompt and output (default: the model's context window)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
-    p.add_argument("--stream", action="store_true", help="print text as it is generated")
-    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    p.set_defaults(func=run)
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
@@ -112,6 +137,8 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     if method != PLAIN and DRAFTERS[method].needs_model:
         if not draft:
             raise SpecDecError(f"--speculative-method {method} needs --speculative-model")
+    elif method != PLAIN and DRAFTERS[method].optional_model:
+        draft = args.speculative_model  # its own default (the embedded target's heads) when None
     elif args.speculative_model is not None:
         raise SpecDecError(f"--speculative-method {method} takes no --speculative-model")
     else:
@@ -149,9 +176,14 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
     """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
     if method == PLAIN:
         return None
-    return {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,
-            "dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
-            "prompt_lookup_min": args.prompt_lookup_min}
+    config = {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,
+              "dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
+              "prompt_lookup_min": args.prompt_lookup_min}
+    # Front ends without the adaptive flags (specdec serve) leave those fields at their defaults.
+    for name in ("max_num_speculative_tokens", "draft_confidence_threshold"):
+        if hasattr(args, name):
+            config[name] = getattr(args, name)
+    return config
 
 
 def separator(index: int, count: int) -> str:

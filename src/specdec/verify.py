@@ -27,6 +27,38 @@ target's argmax and emits the argmax after it: exactly greedy verification.
 
 Both functions return ``(output_tokens [B, K+1], num_accepted [B])``; ``output_tokens[b,
 :n+1]`` are the emitted tokens and the positions after them hold ``-1``.
+
+Trees (the form of :mod:`specdec.tree`: ``parents`` ``[B, K]``, -1 for the root). Column ``i+1``
+of ``target_probs`` is the target's distribution after node ``i``'s path, column 0 after the
+pending token. Verification walks down from the root; at the current node ``c`` with target
+distribution ``r = p_c`` it tries ``c``'s children ``x_1..x_m`` in index order (SpecInfer's
+multi-step speculative sampling; recursive rejection sampling when siblings are drawn without
+replacement):
+
+- ``x_j`` is accepted when ``u_j * q_j(x_j) < r(x_j)``; verification moves to ``x_j`` with
+  ``r = p_{x_j}``;
+- else ``r <- norm(max(r - q_j, 0))`` and the next sibling is tried;
+- when no child is accepted (or ``c`` is a leaf), one token is drawn from ``r``.
+
+``q_j`` is the distribution ``x_j`` was drawn from *given the siblings before it* (``probs[b, j]``:
+the same ``q`` for i.i.d. siblings, ``q`` without the earlier siblings, renormalised, for
+sampling without replacement) or, when the drafter is deterministic (``probs`` None), one-hot on
+``x_j``. Why this is lossless: at a node, before trying ``x_j``, assume the emitted token must be
+distributed as ``r``. Given everything before it, ``x_j ~ q_j``, so the token is ``t = x_j`` and
+accepted with probability ``min(r(t), q_j(t))``; a rejection happens with probability ``1 -
+sum(min(r, q_j)) = sum(max(r - q_j, 0))``, and the next residual does not depend on which ``x_j``
+was rejected, so (by induction over the remaining siblings, the last step drawing from ``r``
+itself) the token emitted after a rejection is distributed as ``norm(max(r - q_j, 0))``. Both
+together give ``min(r, q_j) + max(r - q_j, 0) = r``. At the root ``r = p``: the first emitted
+token is distributed as the target's; given it was an accepted child, the same argument holds one
+level down with that child's ``p`` (its subtree was drafted from that context alone, and the
+uniforms are fresh). A deterministic child's one-hot ``q`` makes its test "accept with
+probability ``r(x_j)``" and its residual "``r`` without ``x_j``", i.e. the exact conditional
+distribution given that ``x_j`` was not emitted (a repeated sibling is then never accepted). A
+greedy row is the case ``r`` one-hot, ``u = 0``, ``E = 1``.
+
+Tree functions return ``(output_tokens [B, K+1], num_accepted [B], path [B, K])``: ``path[b,
+:num_accepted[b]]`` are the accepted node indices, root side first (-1 after them).
 """
 
 from __future__ import annotations
@@ -105,3 +137,106 @@ def verify_stochastic(
     output = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
     output[rows, num_accepted] = next_token
     return _pad_after(output, num_accepted), num_accepted
+
+
+def _tree_columns(parents: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` fed index of each node's parent (0 the root), -1 for padding columns."""
+    columns = torch.arange(parents.shape[1], device=parents.device)
+    return torch.where(columns[None, :] < num_draft[:, None], parents + 1, -1)
+
+
+def verify_tree_greedy(
+    draft_tokens: torch.Tensor, parents: torch.Tensor, num_draft: torch.Tensor, target_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy tree verification: the longest root-to-node path whose every token is the target's
+    argmax after its parent, then the argmax after its last node (see the module docstring).
+
+    ``draft_tokens`` and ``parents`` ``[B, K]``, ``num_draft`` ``[B]``, ``target_logits``
+    ``[B, K+1, V]`` (fed frame: column ``i+1`` follows node ``i``). Among equally long paths
+    (only possible with repeated sibling tokens, which emit the same tokens) the first is kept.
+    """
+    from specdec.tree import ancestor_mask
+
+    batch, k = draft_tokens.shape
+    target_tokens = target_logits.argmax(dim=-1)  # [B, K+1]
+    up = _tree_columns(parents, num_draft)
+    match = (up >= 0) & (draft_tokens == target_tokens.gather(1, up.clamp_min(0)))
+    mask = ancestor_mask(parents, num_draft)[:, 1:, 1:]  # [B, K, K] node -> ancestors-or-self
+    good = match & ~(mask & ~match[:, None, :]).any(-1)
+    depth = mask.sum(-1)
+    # Deepest good node first, then the earliest; column 0 (score 0) stands for the root alone.
+    score = torch.where(good, depth * (k + 1) + (k - torch.arange(k, device=parents.device)), 0)
+    best = torch.cat([score.new_zeros(batch, 1), score], dim=1).argmax(dim=1)  # fed index
+    num_accepted = torch.cat([depth.new_zeros(batch, 1), depth], dim=1).gather(1, best[:, None]).squeeze(1)
+    return _tree_outputs(draft_tokens, target_tokens, mask, (best - 1).clamp_min(0), num_accepted)
+
+
+def _tree_outputs(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor, mask: torch.Tensor, last: torch.Tensor,
+    num_accepted: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Outputs from the accepted path ending at node ``last`` ``[B]`` (ignored where ``num_accepted`` is
+    0); ``target_tokens`` ``[B, K+1]`` holds the token emitted after each fed column."""
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    path = torch.full((batch, k), -1, dtype=torch.long, device=draft_tokens.device)
+    if k:
+        on_path = mask[rows, last] & (num_accepted[:, None] > 0)  # [B, K]: ancestors-or-self of the last node
+        order = torch.where(on_path, torch.arange(k, device=draft_tokens.device), k).sort(dim=1).values
+        path = torch.where(order < k, order, -1)
+    output = torch.cat([draft_tokens.gather(1, path.clamp_min(0)), draft_tokens.new_full((batch, 1), -1)], dim=1)
+    end = torch.where(num_accepted > 0, last + 1, 0)
+    output[rows, num_accepted] = target_tokens[rows, end]
+    return _pad_after(output, num_accepted), num_accepted, path
+
+
+def sibling_residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distribution to try the next sibling against after one with ``q`` was rejected under ``r``:
+    ``norm(max(r - q, 0))`` (``[B, V]``)."""
+    return residual_distribution(r, q)
+
+
+def verify_tree_stochastic(
+    draft_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    num_draft: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact multi-draft rejection sampling of ragged trees (see the module docstring).
+
+    ``draft_tokens``, ``parents`` ``[B, K]``, ``num_draft`` ``[B]``, ``draft_probs`` ``[B, K, V]``
+    or None (deterministic nodes), ``target_probs`` ``[B, K+1, V]`` (fed frame), ``uniforms``
+    ``[B, K]`` in [0, 1) (one per node), ``noise`` ``[B, V]`` positive (as in
+    :func:`verify_stochastic`). One pass over the nodes in index order: node ``i`` is tried when its
+    parent is the current node (children come after their parent, siblings in index order).
+    """
+    from specdec.tree import ancestor_mask
+
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    up = _tree_columns(parents, num_draft)
+    current = torch.zeros(batch, dtype=torch.long, device=draft_tokens.device)  # fed index
+    r = target_probs[:, 0]
+    num_accepted = torch.zeros_like(current)
+    vocab = target_probs.shape[-1]
+    for i in range(k):
+        token = draft_tokens[:, i]
+        tried = up[:, i] == current
+        if draft_probs is None:
+            q = torch.nn.functional.one_hot(token, vocab).to(r.dtype)
+        else:
+            q = draft_probs[:, i].to(r.dtype)
+        accept = tried & (uniforms[:, i].to(r.dtype) * q[rows, token] < r[rows, token])
+        rejected = tried & ~accept
+        r = torch.where(accept[:, None], target_probs[:, i + 1],
+                        torch.where(rejected[:, None], sibling_residual(r, q), r))
+        current = torch.where(accept, i + 1, current)
+        num_accepted += accept.to(torch.long)
+    next_token = (r / noise.to(r.dtype)).argmax(-1)
+    mask = ancestor_mask(parents, num_draft)[:, 1:, 1:]
+    emitted = torch.zeros(batch, k + 1, dtype=torch.long, device=draft_tokens.device)
+    emitted[rows, current] = next_token
+    return _tree_outputs(draft_tokens, emitted, mask, (current - 1).clamp_min(0), num_accepted)

@@ -8,6 +8,10 @@ from specdec.errors import SpecDecError
 
 ASSETS_DIR = Path(__file__).resolve().parent
 DEFAULT_PAIR_DIR = ASSETS_DIR / "default_pair"
+DEFAULT_CHAT_TEMPLATE = DEFAULT_PAIR_DIR / "chat_template.jinja"
+"""A simple chat template for the embedded pair (a code model: each message becomes comment lines).
+``specdec serve`` uses it for the embedded pair; it is kept out of the tokenizer's folder so that
+text prompts elsewhere (``generate``, ``bench``) stay plain completions."""
 
 
 def default_pair() -> tuple[Path, Path] | None:

@@ -79,7 +79,7 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         default=["4"],
         metavar="K",
         help="draft tokens per step; several values run each speculative method once per k "
-        "(e.g. --k 2 4 8 or --k 2,4,8; default 4)",
+        "(e.g. --k 2 4 8 or --k 2,4,8; 'auto' picks each row's k per step, at most 8; default 4)",
     )
     group.add_argument(
         "--prompt-lookup-max",
@@ -189,6 +189,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_bench)
 
 
+def _k_list(values: Sequence[str]) -> list[int | str]:
+    """``--k``: integers, and ``auto`` (the adaptive policy, at most its default maximum)."""
+    items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+    return [item if item == "auto" else _int_list([item], "--k")[0] for item in items]
+
+
 def _int_list(values: Sequence[str], flag: str) -> list[int]:
     items = [item for value in values for item in value.split(",") if item.strip()]
     try:
@@ -242,7 +248,7 @@ MISMATCH_EXIT = 3
 def run_bench(args: argparse.Namespace) -> int:
     """Handler of ``specdec bench``; returns :data:`MISMATCH_EXIT` when a greedy output differs from plain
     decoding beyond a rounding tie."""
-    ks = _int_list(args.k, "--k")
+    ks = _k_list(args.k)
     seeds = _int_list(args.seeds, "--seeds")
     batch_sizes = _int_list(args.batch_size, "--batch-size")
     _check_flags(args)

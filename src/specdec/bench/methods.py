@@ -80,7 +80,7 @@ class MethodSpec:
     """One benchmarked configuration: a method name and, for speculative methods, its k."""
 
     method: str
-    k: int | None = None
+    k: int | str | None = None
 
     def __post_init__(self) -> None:
         catalogue = methods()
@@ -100,6 +100,7 @@ class MethodSpec:
 
 def expand_methods(names: Sequence[str], ks: Sequence[int]) -> list[MethodSpec]:
     """One spec per non-speculative method and one per (speculative method, k); ``plain`` always first."""
+    from specdec.adaptive import AUTO
     from specdec.drafters.base import MAX_SPECULATIVE_TOKENS
 
     catalogue = methods()
@@ -108,7 +109,7 @@ def expand_methods(names: Sequence[str], ks: Sequence[int]) -> list[MethodSpec]:
         raise SpecDecError(f"unknown methods {unknown}; choose from {', '.join(catalogue)}")
     if not ks:
         raise SpecDecError("give at least one k")
-    bad = [k for k in ks if not 1 <= k <= MAX_SPECULATIVE_TOKENS]
+    bad = [k for k in ks if k != AUTO and not (isinstance(k, int) and 1 <= k <= MAX_SPECULATIVE_TOKENS)]
     if bad:
         raise SpecDecError(f"k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {bad}")
     specs = [MethodSpec(REFERENCE)]

@@ -123,11 +123,18 @@ def _load_models(
     return target, draft
 
 
+def _longest(ks: list[int | str]) -> int:
+    """The most drafts per step of any ``--k`` value (``auto``: its default maximum)."""
+    from specdec.adaptive import DEFAULT_MAX_SPECULATIVE_TOKENS
+
+    return max(DEFAULT_MAX_SPECULATIVE_TOKENS if k == "auto" else k for k in ks)
+
+
 def _max_model_len(source: Source, args: argparse.Namespace, target: PreTrainedModel, ks: list[int]) -> int | None:
     """``--max-model-len``, else for a synthetic target what its prompts, outputs and drafts need."""
     if args.max_model_len is not None or source.synthetic is None:
         return args.max_model_len
-    needed = args.prompt_len + args.max_tokens + max(ks) + 1
+    needed = args.prompt_len + args.max_tokens + _longest(ks) + 1
     return min(needed, target.config.max_position_embeddings)
 
 
@@ -210,7 +217,7 @@ def load_bench(
     else:
         prompts = RandomTokenPrompts(target.config.vocab_size, args.prompt_len)
     first = prompts.build(source.questions[0].turns[:1], [])
-    longest = max(ks) + 1
+    longest = _longest(ks) + 1
     context = first[-min(DIRECT_COST_CONTEXT, settings.context_window - longest) :]
     bandwidth = args.bandwidth_gbs or device_bandwidth_gbs(device)
     param_bytes = parameter_bytes(target)

@@ -89,7 +89,7 @@ class SummaryRow:
 
     label: str
     method: str
-    k: int | None
+    k: int | str | None
     batch_size: int
     category: str
     num_generations: int
@@ -170,7 +170,8 @@ def _row(
     alpha = merged.acceptance_rate if drafted else None
     per_position = merged.acceptance_rate_per_position if drafted else None
     c = calibration.cost_ratios.get(spec.label, metrics_cost_ratio(merged) if drafted else None)
-    predicted = predicted_speedup(alpha, spec.k, c) if alpha is not None and c is not None and spec.k else None
+    fixed_k = isinstance(spec.k, int)  # no single k to predict from under "auto"
+    predicted = predicted_speedup(alpha, spec.k, c) if alpha is not None and c is not None and fixed_k else None
     efficiency = speedup / predicted if speedup is not None and predicted else None
     steps_per_second = roofline = None
     if spec.method == REFERENCE and seconds > 0:

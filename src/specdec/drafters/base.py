@@ -24,6 +24,7 @@ from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
 MAX_SPECULATIVE_TOKENS = 64
+MAX_CANDIDATES = 16
 
 
 @dataclass
@@ -44,6 +45,9 @@ class SpeculativeConfig:
     at most ``suffix_factor`` x match length x (1 + log2 of the continuation's count), and stops
     where fewer than ``suffix_min_prob`` of the matches agree with it (suffix). ``skip_layers``:
     the target's decoder layers the layer_skip draft leaves out (None: chosen by calibration).
+    ``num_candidates``: a method with tree drafts proposes up to this many different
+    continuations per step as a tree (1: a chain); ``num_speculative_tokens`` is then the most
+    tree nodes per step.
     """
 
     method: str
@@ -58,6 +62,7 @@ class SpeculativeConfig:
     suffix_factor: float = 1.0
     suffix_min_prob: float = 0.1
     skip_layers: list[int] | None = None
+    num_candidates: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -77,6 +82,11 @@ class SpeculativeConfig:
                 raise SpecDecError(f"draft_confidence_threshold must be a number in [0, 1), got {threshold!r}")
             if not DRAFTERS[self.method].confidence_stop:
                 raise SpecDecError(f"speculative method {self.method!r} takes no draft_confidence_threshold")
+        candidates = self.num_candidates
+        if not isinstance(candidates, int) or isinstance(candidates, bool) or not 1 <= candidates <= MAX_CANDIDATES:
+            raise SpecDecError(f"num_candidates must be an integer in 1..{MAX_CANDIDATES}, got {candidates!r}")
+        if candidates > 1 and not DRAFTERS[self.method].tree_drafts:
+            raise SpecDecError(f"speculative method {self.method!r} proposes chains: it takes no num_candidates > 1")
         if self.model is not None and not isinstance(self.model, (str, os.PathLike, PreTrainedModel)):
             raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
@@ -105,11 +115,20 @@ class SpeculativeConfig:
 
 @dataclass
 class DraftBatch:
-    """One step's proposals for a batch (the chain layout of :mod:`specdec.verify`).
+    """One step's proposals for a batch: chains (the layout of :mod:`specdec.verify`) or trees.
 
     ``tokens`` ``[B, K]`` int64 on the device (row ``b`` in its first ``num_draft[b]`` columns,
     the rest padding), ``num_draft`` ``[B]`` host ints, ``probs`` ``[B, K, V]``: the distribution
     each token was sampled from, or None when the drafter is deterministic.
+
+    ``parents`` ``[B, K]`` int64 on the device, or None for chains: the tree form of
+    :mod:`specdec.tree` (``parents[b, i]`` the node index of node ``i``'s parent, -1 for the
+    pending token; parents before children; siblings in the order they are to be tried). With a
+    tree, ``num_draft[b]`` counts nodes (never more than the ``ks[b]`` the drafter was given) and
+    ``probs[b, i]`` is the distribution node ``i`` was drawn from given its parent and its earlier
+    siblings (see :func:`specdec.verify.verify_tree_stochastic`); None treats every node as
+    deterministic, which is exact for top-k or lookup trees. Tree drafts need a target with
+    ``supports_tree_mask``: a tree drafter checks it in ``from_config``.
 
     ``hidden`` ``[B, K+1, H]`` or None: a drafter that ran the target's own first layers on each
     row's ``[pending, d_1..d_n]`` (and wrote their cache entries into the target's pool) hands
@@ -121,6 +140,7 @@ class DraftBatch:
     probs: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     remaining_layers: tuple[int, ...] | None = None
+    parents: torch.Tensor | None = None
 
     @classmethod
     def from_lists(cls, rows: list[list[int]], device: torch.device) -> DraftBatch:
@@ -129,6 +149,16 @@ class DraftBatch:
         padded = [r + [0] * (width - len(r)) for r in rows]
         tokens = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
         return cls(to_device(tokens, device), [len(r) for r in rows])
+
+    @classmethod
+    def from_trees(cls, rows: list[tuple[list[int], list[int]]], device: torch.device) -> DraftBatch:
+        """A deterministic tree batch from host ``(tokens, parents)`` per row (ragged; padding
+        columns get token 0 and parent -1)."""
+        width = max((len(tokens) for tokens, _ in rows), default=0)
+        table = [tokens + [0] * (width - len(tokens)) for tokens, _ in rows]
+        table += [parents + [-1] * (width - len(parents)) for _, parents in rows]
+        both = to_device(torch.tensor(table, dtype=torch.long).reshape(2, len(rows), width), device)
+        return cls(both[0], [len(tokens) for tokens, _ in rows], parents=both[1])
 
 
 @dataclass
@@ -161,8 +191,15 @@ class Drafter(ABC):
     description: ClassVar[str]
     #: Whether the method needs ``speculative_config["model"]`` (a draft model).
     needs_model: ClassVar[bool] = False
+    #: Whether the method takes a ``model`` (a folder) but has a default without one (trained heads).
+    optional_model: ClassVar[bool] = False
     #: Whether the method honours ``draft_confidence_threshold`` (its proposals have a confidence).
     confidence_stop: ClassVar[bool] = False
+    #: Whether the method proposes trees of ``num_candidates`` continuations when it is above 1.
+    tree_drafts: ClassVar[bool] = False
+    #: The target's hidden states the method reads (``ForwardBatch.hidden_layers`` indices, ``-1`` the
+    #: final normed one); the engine then hands them over through ``observe_hidden``.
+    hidden_layers: ClassVar[tuple[int, ...]] = ()
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -186,6 +223,16 @@ class Drafter(ABC):
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         """Learn the step's outcome: ``num_accepted[b]`` drafts of row ``b`` were kept and
         ``token_ids`` is the new committed context. Roll back any state built on rejected drafts."""
+
+    def observe_paths(self, seqs: list[Sequence], paths: list[list[int]]) -> None:  # noqa: B027 - optional hook
+        """After a tree step, just before ``observe`` with the same rows: ``paths[b]`` holds the node
+        indices of row ``b``'s accepted path, root side first (``num_accepted[b]`` of them)."""
+
+    def observe_hidden(self, seqs: list[Sequence], hidden: list[torch.Tensor]) -> None:  # noqa: B027 - optional hook
+        """The target's ``hidden_layers`` states ``hidden[b]`` ``[n_b, len(hidden_layers), H]`` of the positions
+        it has just committed for row ``b``: every prompt token but the pending one, just before ``add``;
+        after a step, just before ``observe``, the step's pending token and its accepted drafts (chain
+        order, or the accepted path's nodes for a tree)."""
 
     def release(self, seq: Sequence) -> None:  # noqa: B027 - stateless drafters keep nothing
         """Forget a finished or aborted sequence."""

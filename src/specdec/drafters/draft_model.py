@@ -95,15 +95,18 @@ class DraftModelDrafter(Drafter):
         batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
         logits = self.model.forward(batch, self.cache).logits
-        index = to_device(active, self.model.device)
         if rows.all_greedy and self.threshold is None and all(ks[b] == width for b in active):
             # The whole greedy proposal after the first token in one call (one graph on a GPU).
             first = logits.argmax(-1)
-            tokens[index, 0] = first
+            drafts = first[:, None]
             if width > 1:
-                tokens[index, 1:] = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache,
-                                                            width - 1)
+                chain = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache, width - 1)
+                drafts = torch.cat([drafts, chain], dim=1)
+            if len(active) == len(seqs):
+                return DraftBatch(drafts, ks)
+            tokens[to_device(active, self.model.device)] = drafts
             return DraftBatch(tokens, ks)
+        index = to_device(active, self.model.device)
         probs = None
         if not rows.all_greedy:
             dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32

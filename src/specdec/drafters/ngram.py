@@ -1,4 +1,5 @@
-"""Prompt lookup: propose the tokens that followed an earlier occurrence of the context's suffix."""
+"""Prompt lookup: propose the tokens that followed an earlier occurrence of the context's suffix
+(a chain), or the different continuations of several occurrences (a tree, ``num_candidates > 1``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ MAX_PROMPT_LOOKUP = 32
 """The longest n-gram ngram matches: each n keeps its own table, updated for every committed token."""
 
 
+SCAN_PER_CANDIDATE = 4
+"""Occurrences of one n-gram looked at per wanted candidate (most recent first)."""
+
+
 class _Index:
-    """One sequence's n-gram index: for every n-gram with a following token, its first and
-    latest start; grows incrementally as tokens are committed."""
+    """One sequence's n-gram index: for every n-gram with a following token, its starts in order;
+    grows incrementally as tokens are committed."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
@@ -30,26 +35,61 @@ class _Index:
                 start = end - n
                 if start < 0:
                     break
-                entry = table.get(gram := tuple(context[start:end]))
-                if entry is None:
-                    table[gram] = [start, start]
-                else:
-                    entry[1] = start
+                table.setdefault(tuple(context[start:end]), []).append(start)
         self.indexed_until = max(self.indexed_until, len(context))
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest matched suffix of ``context``."""
+        found = self.candidates(context, k, 1)
+        return found[0] if found else []
+
+    def candidates(self, context: list[int], k: int, count: int) -> list[list[int]]:
+        """Up to ``count`` different continuations (``k`` tokens at most) of ``context``'s suffix, best
+        first: the longest n-gram first; within one, the latest occurrence when at least ``k`` tokens
+        follow it, else the first one (the longest continuation), then the other occurrences from the
+        most recent. Shorter n-grams add candidates while fewer than ``count`` are found."""
         self.extend(context)
+        found: list[list[int]] = []
         for n in sorted(self.tables, reverse=True):
             if len(context) <= n:
                 continue
-            entry = self.tables[n].get(tuple(context[-n:]))
-            if entry is None:
+            starts = self.tables[n].get(tuple(context[-n:]))
+            if starts is None:
                 continue
-            first, latest = entry
-            start = latest if len(context) - (latest + n) >= k else first
-            return context[start + n : start + n + k]
-        return []
+            first, latest = starts[0], starts[-1]
+            preferred = latest if len(context) - (latest + n) >= k else first
+            for start in [preferred, *starts[::-1][: SCAN_PER_CANDIDATE * count]]:
+                continuation = context[start + n : start + n + k]
+                if continuation and continuation not in found:
+                    found.append(continuation)
+                if len(found) == count:
+                    return found
+        return found
+
+
+def candidate_tree(candidates: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """``(tokens, parents)`` of the trie of ``candidates`` (best first) in at most ``budget`` nodes:
+    each other candidate keeps ``budget // (2 * count)`` tokens (at least one), the first one the rest
+    (a lookup's best continuation is usually right for long); shared prefixes are one path, and
+    siblings are tried in candidate order."""
+    used = candidates[: max(budget, 0)]
+    if not used:
+        return [], []
+    share = max(1, budget // (2 * len(used)))
+    limits = [budget - share * (len(used) - 1)] + [share] * (len(used) - 1)
+    tokens: list[int] = []
+    parents: list[int] = []
+    nodes: dict[tuple[int, int], int] = {}
+    for continuation, limit in zip(used, limits):
+        parent = -1
+        for token in continuation[:limit]:
+            node = nodes.get((parent, token))
+            if node is None:
+                node = nodes[(parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+            parent = node
+    return tokens, parents
 
 
 @register_drafter
@@ -60,13 +100,19 @@ class NgramDrafter(Drafter):
     Each sequence has its own index (keyed by request id), so a lookup costs O(1) per n. The
     latest occurrence is preferred when at least k tokens follow it, else the first occurrence
     (which has the longest continuation). Deterministic: verified with a one-hot ``q``.
+
+    With ``num_candidates > 1`` it proposes a tree: the trie of up to that many different
+    continuations (other occurrences, then shorter n-grams) in at most ``num_speculative_tokens``
+    nodes (:func:`candidate_tree`); rows with one candidate are chains in tree form.
     """
 
     method = "ngram"
     description = "n-gram prompt lookup over the prompt and the generated text"
+    tree_drafts = True
 
-    def __init__(self, max_n: int, min_n: int, device: torch.device) -> None:
+    def __init__(self, max_n: int, min_n: int, device: torch.device, num_candidates: int = 1) -> None:
         self.max_n, self.min_n, self.device = max_n, min_n, device
+        self.num_candidates = num_candidates
         self._indexes: dict[str, _Index] = {}
 
     @classmethod
@@ -83,13 +129,22 @@ class NgramDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> NgramDrafter:
-        return cls(config.prompt_lookup_max, config.prompt_lookup_min, options.device)
+        if config.num_candidates > 1 and not target.supports_tree_mask:
+            raise SpecDecError(
+                f"ngram with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, Mistral); "
+                f"{target.name!r} runs on transformers' forward: use num_candidates=1"
+            )
+        return cls(config.prompt_lookup_max, config.prompt_lookup_min, options.device, config.num_candidates)
 
     def add(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self._indexes[s.request_id] = _Index(self.min_n, self.max_n)
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
+        if self.num_candidates > 1:
+            return DraftBatch.from_trees([
+                candidate_tree(self._indexes[s.request_id].candidates(s.token_ids, k, self.num_candidates), k)
+                if k > 0 else ([], []) for s, k in zip(seqs, ks)], self.device)
         rows = [self._indexes[s.request_id].lookup(s.token_ids, k) if k > 0 else [] for s, k in zip(seqs, ks)]
         return DraftBatch.from_lists(rows, self.device)
 

@@ -13,8 +13,8 @@ Terms (shapes are the point):
 - ``tree_mask`` ``[N, T_max]`` bool or None: ``tree_mask[n, j]`` says whether new token ``n``
   attends to new token ``j`` of its own row (``T_max`` the longest row). None is a causal
   chain. Every token always attends to the slot's ``L_b`` committed entries.
-- ``logits_rows`` ``[M]``: flat indices (into ``N``) whose logits are returned; None is all
-  ``N``; an empty tensor skips the output head (a prefill).
+- ``logits_rows`` ``[M]``: flat indices (into ``N``) whose logits are returned, a device tensor
+  or a host ``slice``; None is all ``N``; an empty tensor skips the output head (a prefill).
 - ``hidden_layers``: indices into transformers' ``hidden_states`` tuple (0 the embeddings,
   ``i`` the output of layer ``i``, ``-1`` the final, normed one) returned for the same rows.
 - ``layers``: the decoder layers run, ascending (None: all); the others are skipped, their cache
@@ -24,7 +24,8 @@ Terms (shapes are the point):
   Both need a backend with ``supports_layer_subsets``.
 
 Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
-forgotten without touching the accepted ones.
+forgotten without touching the accepted ones. After a tree step the accepted path's entries are
+first moved to contiguous indices (``cache.compact``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+
+from specdec.errors import SpecDecError
 
 
 def to_device(values: list | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -58,7 +62,7 @@ class ForwardBatch:
     slots: list[int]
     cu_seqlens: list[int]
     tree_mask: torch.Tensor | None = None
-    logits_rows: torch.Tensor | None = None
+    logits_rows: torch.Tensor | slice | None = None
     hidden_layers: tuple[int, ...] = ()
     layers: tuple[int, ...] | None = None
     input_hidden: torch.Tensor | None = None
@@ -67,7 +71,7 @@ class ForwardBatch:
     def num_rows(self) -> int:
         return len(self.slots)
 
-    @property
+    @cached_property
     def num_tokens(self) -> list[int]:
         """Tokens fed per row, ``[B]``."""
         return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:])]
@@ -94,7 +98,7 @@ class ForwardBatch:
             cu.append(len(flat))
         data = to_device([flat, pos], device)
         if logits == "last":
-            wanted = to_device([c - 1 for c in cu[1:]], device)
+            wanted = slice(cu[1] - 1, cu[1]) if len(rows) == 1 else to_device([c - 1 for c in cu[1:]], device)
         elif logits == "none":
             wanted = torch.empty(0, dtype=torch.long, device=device)
         else:
@@ -156,6 +160,13 @@ class KVCache(ABC):
     def release(self, slot: int) -> None:
         """Forget slot ``slot`` (its sequence finished or was aborted)."""
         self.set_length(slot, 0)
+
+    def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
+        """Copy cached entries within slots, every layer: entry ``sources[i]`` of slot ``slots[i]`` to
+        index ``targets[i]`` (all read before any is written; lengths unchanged). After a tree step
+        this makes the accepted path contiguous (:func:`specdec.tree.compaction_moves`); a backend
+        without tree masks never receives one."""
+        raise SpecDecError(f"{type(self).__name__} cannot compact its entries (tree drafts need the fast backend)")
 
 
 class CausalLM(ABC):

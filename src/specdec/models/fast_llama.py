@@ -15,7 +15,7 @@ length with a mask, so its cost and plan do not follow every new length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +43,21 @@ def unsupported_reason(config) -> str | None:
     return None
 
 
+WIDE_TOKENS = 16
+"""On a CPU, a chain forward whose longest row feeds more than this many tokens (a prefill) is
+padded to :func:`wide_bucket` tokens per row, and attends to a bucketed cache length: oneDNN's
+half-precision matrix and attention kernels keep state for every shape they see (about 0.5 MB
+each), so exact prompt lengths would grow resident memory with every new length."""
+
+
+def wide_bucket(n: int) -> int:
+    """The smallest of 16, 24, 32, 48, 64, 96, ... (two per octave) that is >= ``n``."""
+    if n <= WIDE_TOKENS:
+        return WIDE_TOKENS
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= n else power
+
+
 @dataclass
 class StaticKVPool(KVCache):
     """Keys and values per layer, ``[num_slots, kv_heads, capacity + 1, head_dim]`` (the last
@@ -52,6 +67,14 @@ class StaticKVPool(KVCache):
     keys: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
     graphs: GraphSet | None = None
+
+    def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
+        if not slots:
+            return
+        device = self.keys[0].device
+        index = to_device([list(slots), list(sources), list(targets)], device)
+        for pool in (*self.keys, *self.values):
+            pool[index[0], :, index[2]] = pool[index[0], :, index[1]]  # the gather copies before the write
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,13 +141,13 @@ class Grid:
     ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_slot`` and
     ``write_index`` ``[R*T]``: the cache cell of each grid cell (padding cells write to their
     slot's scratch column, index ``capacity``, which is never attended), ``starts`` ``[R]``: the
-    cached length of each row before the forward. ``key_len`` ``K``: cache entries attended to;
-    ``mask`` ``[R, 1, T, K]`` or None (then the causal chain mask is derived from ``starts``;
-    with ``R = T = 1`` and ``K`` exact no mask is needed). ``first_slot``: rows are slots
-    ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
-    ``write_range``: ``(slot, start)`` when one row writes all its cells to consecutive entries
-    (a plain slice assignment, cheaper on a CPU than the indexed write; ``write_slot`` and
-    ``write_index`` are then None), else None.
+    cached length of each row before the forward (None with ``write_range``, which holds it).
+    ``key_len`` ``K``: cache entries attended to; ``mask`` ``[R, 1, T, K]`` or None (then the
+    causal chain mask is derived from ``starts``; with ``R = T = 1`` and ``K`` exact no mask is
+    needed). ``first_slot``: rows are slots ``first_slot .. first_slot+R-1`` (the pool is sliced),
+    or None (gathered by ``slots`` ``[R]``). ``write_range``: ``(slot, start)`` when one row writes
+    all its cells to consecutive entries (a plain slice assignment, cheaper on a CPU than the
+    indexed write; ``write_slot`` and ``write_index`` are then None), else None.
     """
 
     rows: int
@@ -134,7 +157,7 @@ class Grid:
     positions: torch.Tensor
     write_slot: torch.Tensor | None
     write_index: torch.Tensor | None
-    starts: torch.Tensor
+    starts: torch.Tensor | None
     slots: torch.Tensor | None
     first_slot: int | None
     mask: torch.Tensor | None = None
@@ -220,21 +243,27 @@ class FastLlamaLM(CausalLM):
 
         return StaticKVPool(num_slots, capacity, keys=zeros(), values=zeros())
 
-    def key_bucket(self, needed: int, capacity: int) -> int:
-        """Attended cache length on CUDA: a power of two >= 256 (capped at ``capacity``), so that a
-        few shapes (and captured graphs, and attention plans) serve every length."""
-        if self.device.type != "cuda":
-            return needed
-        return min(capacity, max(256, 1 << (needed - 1).bit_length()))
+    def key_bucket(self, needed: int, capacity: int, wide: bool = False) -> int:
+        """Attended cache length. On CUDA a power of two >= 256, so that a few shapes (and captured
+        graphs, and attention plans) serve every length; on a CPU, for a ``wide`` forward (a prefill),
+        :func:`wide_bucket`, since the CPU kernels keep state per shape (see :data:`WIDE_TOKENS`);
+        else exactly ``needed``. Capped at ``capacity``."""
+        if self.device.type == "cuda":
+            return min(capacity, max(256, 1 << (needed - 1).bit_length()))
+        return min(capacity, wide_bucket(needed)) if wide else needed
 
-    def grid(self, batch: ForwardBatch, cache: StaticKVPool) -> tuple[Grid, torch.Tensor]:
+    def grid(self, batch: ForwardBatch, cache: StaticKVPool) -> tuple[Grid, torch.Tensor | None]:
         """Lay a ragged batch out as a :class:`Grid` (rows = the batch's rows); also returns the
-        grid cell of every flat token, ``[N]``."""
+        grid cell of every flat token, ``[N]`` (None when they coincide: a single chain row)."""
         device, counts, slots = self.device, batch.num_tokens, batch.slots
         starts = [cache.lengths[s] for s in slots]
         rows, width = len(counts), max(counts)
-        if rows == 1 and batch.tree_mask is None and not self.use_cuda_graphs:
+        chain = batch.tree_mask is None
+        wide = chain and width > WIDE_TOKENS and self.device.type == "cpu"
+        if rows == 1 and chain and not wide and not self.use_cuda_graphs:
             return self._single_row_grid(batch, starts[0], cache)
+        if wide:  # padded to one of a few widths (padding cells write to the scratch column)
+            width = wide_bucket(width)
         cells = [b * width + t for b, c in enumerate(counts) for t in range(c)]
         write_slot = [s for s in slots for _ in range(width)]
         write_index = [start + t if t < c else cache.capacity
@@ -250,7 +279,7 @@ class FastLlamaLM(CausalLM):
             positions = positions.new_zeros(rows * width).index_copy_(0, cell_index, positions)
         needed = max(s + c for s, c in zip(starts, counts))
         single = rows == 1 and width == 1 and batch.tree_mask is None
-        key_len = self.key_bucket(needed, cache.capacity)
+        key_len = self.key_bucket(needed, cache.capacity, wide)
         first = slots[0]
         g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[: rows * width],
                  host[rows * width : cells_at], starts_t, slots_t,
@@ -261,17 +290,15 @@ class FastLlamaLM(CausalLM):
             g.mask = self._tree_mask(batch.tree_mask, cell_index, g)
         return g, cell_index
 
-    def _single_row_grid(self, batch: ForwardBatch, start: int, cache: StaticKVPool) -> tuple[Grid, torch.Tensor]:
-        """The one-row chain case of :meth:`grid` (every batch-1 step), with only the index
-        tensors it uses: writes and reads are slices, cells are the flat tokens themselves."""
+    def _single_row_grid(self, batch: ForwardBatch, start: int, cache: StaticKVPool) -> tuple[Grid, None]:
+        """The one-row chain case of :meth:`grid` (every batch-1 step) without index tensors: writes
+        and reads are slices, and the cells are the flat tokens themselves (``cell_index`` None)."""
         width, slot = batch.num_tokens[0], batch.slots[0]
         needed = start + width
         key_len = self.key_bucket(needed, cache.capacity)
-        cells = torch.arange(width, device=self.device)
-        starts = cells.new_full((1,), start)
-        g = Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, starts, None, slot,
+        g = Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, None, None, slot,
                  needs_mask=not (width == 1 and key_len == needed), write_range=(slot, start))
-        return g, cells
+        return g, None
 
     def _tree_mask(self, tree_mask: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> torch.Tensor:
         """``[R, 1, T, K]``: the committed context, plus the new tokens the tree lets each token see."""
@@ -287,7 +314,8 @@ class FastLlamaLM(CausalLM):
     def _chain_mask(self, g: Grid) -> torch.Tensor:
         key = torch.arange(g.key_len, device=self.device)[None, None, :]
         query = torch.arange(g.width, device=self.device)[None, :, None]
-        return (key <= g.starts[:, None, None] + query)[:, None]
+        starts = g.write_range[1] if g.starts is None else g.starts[:, None, None]
+        return (key <= starts + query)[:, None]
 
     @staticmethod
     def _cache_access(g: Grid) -> tuple[Callable, Callable]:
@@ -299,7 +327,7 @@ class FastLlamaLM(CausalLM):
             slot, start = g.write_range
 
             def write(pool: torch.Tensor, new: torch.Tensor) -> None:
-                pool[slot, :, start : start + width] = new[0]
+                pool[slot : slot + 1, :, start : start + width] = new
         else:
 
             def write(pool: torch.Tensor, new: torch.Tensor) -> None:
@@ -380,17 +408,22 @@ class FastLlamaLM(CausalLM):
         g, cell_index = self.grid(batch, cache)
         final = len(self.layers)
         wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
-        x = None
-        if batch.input_hidden is not None:  # the flat tokens' input laid out on the grid
-            x = batch.input_hidden.new_zeros(g.rows * g.width, batch.input_hidden.shape[-1])
-            x = x.index_copy_(0, cell_index, batch.input_hidden).view(g.rows, g.width, -1)
+        x = batch.input_hidden
+        if x is not None:  # the flat tokens' input laid out on the grid
+            if cell_index is not None:
+                x = x.new_zeros(g.rows * g.width, x.shape[-1]).index_copy_(0, cell_index, x)
+            x = x.view(g.rows, g.width, -1)
         x, hidden = self.compute(g, cache, frozenset(i for i in wanted_layers if i < final), batch.layers, x)
         for slot, count in zip(batch.slots, batch.num_tokens):
             cache.lengths[slot] += count
-        wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
-        if wanted.numel() == 0:
-            return ForwardOutput(x.new_empty(0, self.vocab_size))
+        # Grid cells of the wanted flat rows (a single row's cells are its flat tokens).
+        if cell_index is None:
+            wanted = slice(None) if batch.logits_rows is None else batch.logits_rows
+        else:
+            wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
         last = x[wanted]
+        if last.shape[0] == 0:
+            return ForwardOutput(x.new_empty(0, self.vocab_size))
         out_hidden = None
         if wanted_layers:
             normed = rms_norm(last, self.final_norm, self.eps)

@@ -81,7 +81,7 @@ class HFCausalLM(CausalLM):
         self.check_fits(batch, cache)
         want_hidden = bool(batch.hidden_layers)
         wanted = batch.logits_rows
-        keep = 1 if wanted is not None and wanted.numel() == 0 else 0  # a prefill: skip most of the head
+        keep = 1 if isinstance(wanted, torch.Tensor) and wanted.numel() == 0 else 0  # a prefill: skip most of the head
         logits, hidden = [], []
         for b, slot in enumerate(batch.slots):
             lo, hi = batch.cu_seqlens[b], batch.cu_seqlens[b + 1]

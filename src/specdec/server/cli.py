@@ -106,6 +106,10 @@ def run_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
     model, spec, what = _speculative(args)
+    if template is None and args.model is None:  # the embedded pair: its shipped template
+        from specdec.assets import DEFAULT_CHAT_TEMPLATE
+
+        template = DEFAULT_CHAT_TEMPLATE.read_text(encoding="utf-8")
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,

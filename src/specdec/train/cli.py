@@ -1,4 +1,4 @@
-"""The ``specdec train`` command: ``tokenizer``, ``lm`` and ``draft`` sub-commands.
+"""The ``specdec train`` command: ``tokenizer``, ``lm``, ``draft`` and ``medusa``/``eagle``/``mtp`` sub-commands.
 
 torch and transformers are imported inside the handlers so that the CLI starts fast.
 ``python -m specdec.train.cli ...`` runs the same sub-commands without the rest of the CLI.
@@ -171,9 +171,45 @@ def _run_draft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_heads(args: argparse.Namespace) -> int:
+    from specdec.train.heads import resolve_head_preset, train_heads
+
+    preset = resolve_head_preset(args.preset, args.num_heads, args.intermediate_size, args.context)
+    summary = train_heads(args.train_command, args.target, preset, _settings(args), corpus_dirs=args.corpus,
+                          cache_dir=args.cache_dir, acceptance_prompts=args.acceptance_prompts,
+                          acceptance_tokens=args.acceptance_tokens)
+    _print_summary(summary, ["steps", "tokens", "wall_time_s", "final_train_loss", "final_heldout_loss",
+                             "heldout_tau", "heldout_acceptance_per_position"])
+    return 0
+
+
+def _add_heads(sub: argparse._SubParsersAction) -> None:
+    """``train medusa``, ``train eagle`` and ``train mtp``: heads on a frozen target's features."""
+    helps = {"medusa": "train Medusa heads on a target's last hidden state",
+             "eagle": "train an EAGLE feature drafter layer for a target",
+             "mtp": "train sequential multi-token-prediction modules for a target"}
+    for method, text in helps.items():
+        p = sub.add_parser(method, help=text)
+        _add_corpus(p)
+        p.add_argument("--target", required=True, type=Path, help="target model folder (stays frozen)")
+        shape = p.add_argument_group("head shape (overrides win over the preset)")
+        shape.add_argument("--preset", default="base", help="heads preset: tiny, base (default base)")
+        shape.add_argument("--num-heads", type=int, default=None, help="Medusa heads / MTP depths (preset: 4)")
+        shape.add_argument("--intermediate-size", type=int, default=None,
+                           help="MLP width of the eagle layer or of each MTP depth (preset: 1024)")
+        shape.add_argument("--context", type=int, default=None, help="training block length in tokens (preset: 256)")
+        _add_train_flags(p, 1e-3)
+        evaluation = p.add_argument_group("held-out measurement")
+        evaluation.add_argument("--acceptance-prompts", type=int, default=32,
+                                help="held-out code prompts decoded with the heads at the end (default 32)")
+        evaluation.add_argument("--acceptance-tokens", type=int, default=64,
+                                help="tokens generated per prompt (default 64)")
+        p.set_defaults(func=_run_heads)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``train`` command with its ``tokenizer``, ``lm`` and ``draft`` sub-commands."""
-    train = subparsers.add_parser("train", help="train a tokenizer, a target LM or a draft model")
+    train = subparsers.add_parser("train", help="train a tokenizer, a target LM, a draft model or heads")
     sub = train.add_subparsers(dest="train_command", required=True, metavar="WHAT")
 
     tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a corpus")
@@ -226,6 +262,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--acceptance-tokens", type=int, default=64, help="target tokens per prompt (default 64)"
     )
     draft.set_defaults(func=_run_draft)
+    _add_heads(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,8 +280,13 @@ def train(
     loss_fn: LossFn,
     settings: TrainSettings,
     extra_summary: dict[str, Any] | None = None,
+    save_fn: Callable[[Any, Path, str], None] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place, save it to ``settings.out_dir`` and return the summary dict.
+
+    ``save_fn(model, out_dir, save_dtype)`` saves the final model (default: :func:`save_model`, a
+    transformers folder with the tokenizer); any model with a ``config`` that has ``save_pretrained``
+    can be trained.
 
     ``batch_fn`` yields micro-batches ``(batch_size, block)``; ``heldout`` is ``(n, block)`` and its
     first ``eval_blocks`` rows are evaluated every ``eval_every`` steps and at the end. With
@@ -399,7 +404,10 @@ def train(
         write_row(lr, heldout_loss)
     total_elapsed = elapsed()
     _save_checkpoint(model, optimizer, schedule, state(), out)
-    save_model(model, tokenizer, out, settings.save_dtype)
+    if save_fn is None:
+        save_model(model, tokenizer, out, settings.save_dtype)
+    else:
+        save_fn(model, out, settings.save_dtype)
     session_time = time.perf_counter() - start_time
     summary = {
         "steps": step,

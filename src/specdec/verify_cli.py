@@ -1,0 +1,126 @@
+"""``specdec verify``: checks a speculative configuration's losslessness on the user's own models.
+
+Same model and speculative flags as ``specdec generate`` (no ``--model``: the embedded pair).
+Greedy equality against plain decoding on N prompts (rounding ties told apart from mismatches),
+then a chi-square test of the first two sampled tokens on a few prompts; prints the numbers and a
+verdict, and exits 0 on pass, 1 on fail (2 on bad input, as every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from specdec.errors import SpecDecError
+from specdec.generate_cli import PLAIN, _resolve_models, _speculative_config, add_model_flags
+from specdec.jsonl import read_jsonl
+
+PROMPTS = [
+    "def quicksort(arr):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef walk(path):",
+    "The capital of France is", "for i in range(10):", "def parse(line):\n    \"\"\"Parse one line.",
+    "Once upon a time", "SELECT name FROM users WHERE",
+]
+"""Default greedy prompts (a model without a tokenizer gets random token ids instead)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "verify", help="check that a speculative configuration is lossless on your models",
+        description="Compare a speculative configuration with plain decoding of the same target: greedy outputs "
+        "of N prompts must be identical (at a first difference the target's logit gap tells a rounding tie from "
+        "a mismatch), and the first two sampled tokens of many seeded requests on a few prompts must follow the "
+        "target's exact top-k distribution (chi-square). Exits 0 on pass, 1 on fail. With no --model, the "
+        "embedded default pair.",
+    )
+    add_model_flags(p, dtype_default="float32")
+    p.add_argument("--prompts-file", type=Path, help="JSONL with 'prompt' or 'prompt_token_ids' (default: built in)")
+    p.add_argument("--num-prompts", type=int, default=8, help="greedy prompts (default 8)")
+    p.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
+    p.add_argument("--sampling-prompts", type=int, default=2,
+                   help="prompts of the sampling test, the first ones (default 2; 0 skips it)")
+    p.add_argument("--samples", type=int, default=1000, help="seeded requests per sampling prompt (default 1000)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling test temperature (default 1.0)")
+    p.add_argument("--top-k", type=int, default=8, help="sampling test top-k: k² outcomes enumerated (default 8)")
+    p.add_argument("--significance", type=float, default=1e-3,
+                   help="a sampling prompt fails when its chi-square p-value is below this (default 0.001)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled requests (default 0)")
+    p.set_defaults(func=run)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens),
+                        ("--samples", args.samples), ("--top-k", args.top_k)):
+        if value < 1:
+            raise SpecDecError(f"{flag} must be at least 1, got {value}")
+    if args.sampling_prompts < 0:
+        raise SpecDecError(f"--sampling-prompts must be at least 0, got {args.sampling_prompts}")
+    if not 0 < args.significance < 1:
+        raise SpecDecError(f"--significance must be in (0, 1), got {args.significance}")
+
+
+def _prompts(args: argparse.Namespace, llm) -> list[list[int]]:
+    """Token ids of the greedy prompts: the file's, the built-in ones, or random ids without a tokenizer."""
+    if args.prompts_file is not None:
+        items = [item.get("prompt_token_ids", item.get("prompt")) for _, item in
+                 read_jsonl(args.prompts_file, "prompts file")]
+        prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in items]
+    elif llm.tokenizer is None:
+        rng = random.Random(args.seed)
+        prompts = [{"prompt_token_ids": [rng.randrange(llm.target.vocab_size) for _ in range(8)]}
+                   for _ in range(args.num_prompts)]
+    else:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.num_prompts)]
+    return [llm.encode_prompt(p)[1] for p in prompts[: args.num_prompts]]
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from specdec.llm import LLM
+    from specdec.lossless_check import greedy_equality, sampling_exactness
+    from specdec.models.loader import load_hf_model, load_tokenizer, resolve_device
+
+    _check_flags(args)
+    model, draft, method = _resolve_models(args)
+    spec = _speculative_config(args, draft, method)
+    if spec is None:
+        raise SpecDecError(f"--speculative-method {PLAIN} is plain decoding: nothing to verify")
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    device = resolve_device(args.device)
+    target, _ = load_hf_model(model, args.dtype, device)  # one copy of the weights for both LLMs
+    tokenizer = args.tokenizer or (model if load_tokenizer(model, required=False) is not None else None)
+
+    def llm(config):
+        return LLM(target, tokenizer=tokenizer, speculative_config=config, dtype=target.dtype,
+                   device=device, backend=args.backend, max_num_seqs=args.max_num_seqs,
+                   max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+
+    reference, candidate = llm(None), llm(spec)
+    print(f"specdec verify: target {model}, {method}, k={args.num_speculative_tokens}"
+          + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}")
+    prompts = _prompts(args, reference)
+    verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens)
+    ties = [(i, v) for i, v in enumerate(verdicts) if v.kind == "tie"]
+    mismatches = [(i, v) for i, v in enumerate(verdicts) if v.kind == "mismatch"]
+    print(f"greedy: {len(prompts)} prompts x {args.max_tokens} tokens, one batch: "
+          f"{len(verdicts) - len(ties) - len(mismatches)} identical, {len(ties)} rounding ties, "
+          f"{len(mismatches)} mismatches")
+    for i, v in ties + mismatches:
+        top2 = f", target top-2 gap {v.top2_gap:.4g}" if v.top2_gap is not None else ""
+        print(f"  prompt {i}: {v.describe()}{top2}")
+    failed = bool(mismatches)
+    if args.sampling_prompts:
+        print(f"sampling: first 2 tokens, temperature {args.temperature}, top-k {args.top_k}, {args.samples} "
+              f"seeded requests per prompt, fail below p = {args.significance:g}")
+    for i, prompt in enumerate(prompts[: args.sampling_prompts]):
+        check = sampling_exactness(reference, candidate, prompt, args.temperature, args.top_k, args.samples,
+                                   args.seed + i)
+        ok = check.pvalue >= args.significance
+        failed |= not ok
+        impossible = f", {check.impossible} samples the target cannot produce" if check.impossible else ""
+        print(f"  prompt {i}: chi-square {check.statistic:.1f} on {check.dof} dof ({check.cells} outcomes), "
+              f"p = {check.pvalue:.3g}{impossible}: {'ok' if ok else 'FAIL'}")
+    print(f"verdict: {'FAIL' if failed else 'PASS'}")
+    return 1 if failed else 0

@@ -1,0 +1,63 @@
+"""``specdec verify`` passes on a correct configuration and fails on deliberately broken verifiers.
+
+Tiny float64 models without a tokenizer (the command then uses random token-id prompts): a target
+and an independent draft whose distributions overlap about half, so that rejections (and the
+residual) matter.
+"""
+
+import pytest
+import torch
+from helpers import build_model
+
+import specdec.engine
+import specdec.verify
+from specdec.cli import main
+
+VOCAB = 12
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verify_cli")
+    build_model("llama", seed=11, vocab=VOCAB, layers=2, scale=3.0).save_pretrained(root / "target")
+    build_model("llama", seed=12, vocab=VOCAB, layers=1, scale=3.0).save_pretrained(root / "draft")
+    return root
+
+
+def verify(pair, *extra):
+    return main(["verify", "--model", str(pair / "target"), "--speculative-model", str(pair / "draft"),
+                 "--dtype", "float64", "--num-prompts", "4", "--max-tokens", "24", "--sampling-prompts", "1",
+                 "--samples", "1000", "--top-k", "6", *extra])
+
+
+@pytest.mark.parametrize("k", ["2", "auto"])
+def test_passes_on_a_correct_configuration(pair, capsys, k):
+    assert verify(pair, "--num-speculative-tokens", k) == 0
+    out = capsys.readouterr().out
+    assert "4 identical, 0 rounding ties, 0 mismatches" in out
+    assert ": ok" in out and "verdict: PASS" in out
+
+
+def test_fails_when_the_residual_is_wrong(pair, capsys, monkeypatch):
+    monkeypatch.setattr(specdec.verify, "residual_distribution", lambda p, q: p)
+    assert verify(pair, "--num-speculative-tokens", "1") == 1
+    out = capsys.readouterr().out
+    assert "0 mismatches" in out  # greedy rows are untouched by the residual
+    assert ": FAIL" in out and "verdict: FAIL" in out
+
+
+def test_fails_when_greedy_verification_accepts_everything(pair, capsys, monkeypatch):
+    def accept_all(draft_tokens, num_draft, target_logits):
+        target = target_logits.argmax(-1)
+        output = torch.cat([draft_tokens, target[:, -1:]], dim=1)
+        return output, num_draft
+
+    monkeypatch.setattr(specdec.engine, "verify_greedy", accept_all)
+    assert verify(pair, "--num-speculative-tokens", "2", "--sampling-prompts", "0") == 1
+    out = capsys.readouterr().out
+    assert "mismatch at token" in out and "verdict: FAIL" in out
+
+
+def test_plain_is_a_bad_input(pair, capsys):
+    assert verify(pair, "--speculative-method", "none") == 2
+    assert "error:" in capsys.readouterr().err
