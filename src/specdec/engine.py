@@ -135,10 +135,14 @@ class Engine:
             token = logits.argmax(-1) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
-            output, num_accepted, path = self._verify(draft, logits[grid], sampling)  # logits [B, K+1, V]
-            # The step's one host sync: every row's emitted tokens, accepted node indices and count.
-            result = torch.cat([output, path, num_accepted[:, None]], dim=1).tolist()
-        paths = [row[width + 1 : width + 1 + row[-1]] for row in result]  # accepted node indices per row
+            target_logits = logits.view(len(seqs), width + 1, -1) if grid is None else logits[grid]  # [B, K+1, V]
+            output, num_accepted, path = self._verify(draft, target_logits, sampling)
+            # The step's one host sync: every row's emitted tokens, accepted node indices (trees) and count.
+            result = torch.cat([output, *([] if path is None else [path]), num_accepted[:, None]], dim=1).tolist()
+        if draft is not None and draft.parents is not None:  # accepted node indices per row
+            paths = [row[width + 1 : width + 1 + row[-1]] for row in result]
+        else:  # a chain's accepted nodes are its first drafts
+            paths = [list(range(row[-1])) for row in result]
         if draft is not None and draft.parents is not None:  # the accepted path's cache entries to L+1..L+a
             starts = [len(s.token_ids) - 1 for s in seqs]
             self.cache.compact(*compaction_moves([s.slot for s in seqs], starts, paths))
@@ -179,9 +183,10 @@ class Engine:
             len(seqs) + sum(num_drafted), width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs
 
-    def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor]:
+    def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor | None]:
         """The target's input for the step, and ``grid`` ``[B, K+1]``: the flat row of each
-        (sequence, column) logit (columns past a row's drafts repeat its last token; never used)."""
+        (sequence, column) logit (columns past a row's drafts repeat its last token; never used),
+        or None when every row drafted ``K`` tokens (the flat rows are then the grid in order)."""
         device = self.target.device
         width = draft.tokens.shape[1]
         cu, flat_index, grid, positions = [0], [], [], []
@@ -195,8 +200,9 @@ class Engine:
         n = len(flat_index)
         host = to_device(flat_index + positions + grid + [s.token_ids[-1] for s in seqs], device)
         table = torch.cat([host[2 * n + len(grid) :, None], draft.tokens], dim=1)
-        input_ids = table.reshape(-1)[host[:n]]
-        grid_t = host[2 * n : 2 * n + len(grid)].view(len(seqs), width + 1)
+        dense = n == len(grid)  # every row drafted ``width`` tokens: flat rows are the grid itself
+        input_ids = table.reshape(-1) if dense else table.reshape(-1)[host[:n]]
+        grid_t = None if dense else host[2 * n : 2 * n + len(grid)].view(len(seqs), width + 1)
         batch = ForwardBatch(input_ids, host[n : 2 * n], [s.slot for s in seqs], cu)
         if draft.parents is not None:  # each node sees its ancestors, at position L + depth
             mask = ancestor_mask(draft.parents, to_device(draft.num_draft, device))  # [B, K+1, K+1]
@@ -210,9 +216,9 @@ class Engine:
 
     @staticmethod
     def _verify(draft: DraftBatch, target_logits: torch.Tensor, sampling: SamplingBatch
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Greedy or exact verification of chains or trees: ``(output [B, K+1], num_accepted [B],
-        path [B, K])``; a chain's path is its first ``num_accepted`` columns."""
+        path [B, K] or None)``; a chain's path (None) is its first ``num_accepted`` columns."""
         device, width = target_logits.device, draft.tokens.shape[1]
         num_draft = to_device(draft.num_draft, device)
         tree = draft.parents is not None
@@ -228,8 +234,7 @@ class Engine:
                 return verify_tree_stochastic(draft.tokens, draft.parents, num_draft, draft.probs, probs, uniforms,
                                               noise)
             output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
-        columns = torch.arange(width, device=device)
-        return output, num_accepted, torch.where(columns < num_accepted[:, None], columns, -1)
+        return output, num_accepted, None
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
         m = self.metrics

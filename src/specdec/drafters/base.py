@@ -245,6 +245,28 @@ class Drafter(ABC):
         running sequences keep their own state."""
 
 
+def draft_probs(reference: torch.Tensor, rows: int, width: int, vocab: int) -> torch.Tensor:
+    """Zeros ``[rows, width, vocab]`` to record the distribution each sampled draft token was drawn
+    from (:attr:`DraftBatch.probs`): float64 beside float64 ``reference`` tensors, else float32."""
+    dtype = torch.float64 if reference.dtype == torch.float64 else torch.float32
+    return reference.new_zeros(rows, width, vocab, dtype=dtype)
+
+
+def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor | None, index: torch.Tensor,
+                column: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Draft column ``column`` of the rows ``index`` ``[A]`` from their ``logits`` ``[A, V]``: the argmax
+    (``probs`` None, every row greedy), else a sample of each row's sampling distribution, recorded in
+    ``probs`` ``[B, K, V]`` for verification. Writes ``tokens`` ``[B, K]``; returns the tokens ``[A]``."""
+    if probs is None:
+        token = logits.argmax(-1)
+    else:
+        q = rows.probs(logits)
+        token = rows.sample(q)
+        probs[index, column] = q
+    tokens[index, column] = token
+    return token
+
+
 DRAFTERS: dict[str, type[Drafter]] = {}
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
+from specdec.drafters.base import (
+    DraftBatch,
+    Drafter,
+    LoadOptions,
+    SpeculativeConfig,
+    draft_probs,
+    draw_column,
+    register_drafter,
+)
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
 from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
@@ -109,8 +117,7 @@ class DraftModelDrafter(Drafter):
         index = to_device(active, self.model.device)
         probs = None
         if not rows.all_greedy:
-            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+            probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
         for i in range(width):
             if self.threshold is not None:
                 sure = self._confident(logits, i, ks, active)
@@ -120,14 +127,7 @@ class DraftModelDrafter(Drafter):
                     keep = to_device(sure, self.model.device)
                     logits, index, rows = logits[keep], index[keep], rows.select(sure)
                     active = [active[j] for j in sure]
-            # Every row in ``active`` drafts its token i.
-            if probs is None:
-                token = logits.argmax(-1)
-            else:
-                q = rows.probs(logits)
-                token = rows.sample(q)
-                probs[index, i] = q
-            tokens[index, i] = token
+            token = draw_column(logits, rows, probs, index, i, tokens)  # every row in ``active`` drafts token i
             still = [j for j, b in enumerate(active) if ks[b] > i + 1]
             if not still:
                 break

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
+from specdec.drafters.base import (
+    DraftBatch,
+    Drafter,
+    LoadOptions,
+    SpeculativeConfig,
+    draft_probs,
+    register_drafter,
+)
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.sampling import SamplingBatch
@@ -173,8 +180,7 @@ class LayerSkipDrafter(Drafter):
                 feed = logits.argmax(-1)
             else:
                 if probs is None:
-                    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-                    probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+                    probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
                 q = rows.probs(logits)
                 feed = rows.sample(q)
                 probs[index, i] = q

@@ -206,16 +206,3 @@ class HeadDrafter(Drafter):
 
     def release(self, seq: Sequence) -> None:
         self.features.pop(seq.request_id, None)
-
-    def draw(self, logits: torch.Tensor, rows: Any, probs: torch.Tensor | None, index: torch.Tensor,
-             column: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Draft column ``column`` of rows ``index`` from ``logits`` ``[A, V]``: the argmax, or a sample of
-        the rows' sampling distribution (recorded in ``probs`` ``[B, K, V]`` for verification)."""
-        if probs is None:
-            token = logits.argmax(-1)
-        else:
-            q = rows.probs(logits)
-            token = rows.sample(q)
-            probs[index, column] = q
-        tokens[index, column] = token
-        return token

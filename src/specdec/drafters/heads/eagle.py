@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from specdec.drafters.base import DraftBatch, LoadOptions, register_drafter
+from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
 from specdec.models.base import CausalLM, ForwardBatch, to_device
@@ -101,11 +101,10 @@ class EagleDrafter(HeadDrafter):
             logits, feature = out.logits[part], out.hidden[part, 0]
             rows = sampling.select(active) if len(active) < len(seqs) else sampling
             if not rows.all_greedy:
-                dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-                probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+                probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
             index = to_device(active, device)
             for i in range(width):
-                token = self.draw(logits, rows, probs, index, i, tokens)
+                token = draw_column(logits, rows, probs, index, i, tokens)
                 still = [j for j, b in enumerate(active) if ks[b] > i + 1]
                 if not still:
                     break

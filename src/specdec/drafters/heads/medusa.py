@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.base import DraftBatch, LoadOptions, register_drafter
+from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module
 from specdec.drafters.heads.modules import MedusaHeads
 from specdec.models.base import CausalLM, to_device
@@ -51,10 +51,9 @@ class MedusaDrafter(HeadDrafter):
         if rows.all_greedy:
             tokens[index] = logits.argmax(-1)
         else:
-            dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            probs = logits.new_zeros(len(seqs), width, logits.shape[-1], dtype=dtype)
+            probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
             for i in range(width):  # a row draws only its own ks[b] tokens from its generator
                 keep = [j for j, b in enumerate(active) if ks[b] > i]
                 part = to_device(keep, device)
-                self.draw(logits[part, i], rows.select(keep), probs, index[part], i, tokens)
+                draw_column(logits[part, i], rows.select(keep), probs, index[part], i, tokens)
         return DraftBatch(tokens, ks, probs)

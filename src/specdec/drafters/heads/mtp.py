@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.base import DraftBatch, LoadOptions, register_drafter
+from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module
 from specdec.drafters.heads.modules import MTPModules
 from specdec.models.base import CausalLM, to_device
@@ -48,11 +48,10 @@ class MTPDrafter(HeadDrafter):
         index = to_device(active, device)
         probs = None
         if not rows.all_greedy:
-            dtype = torch.float64 if feature.dtype == torch.float64 else torch.float32
-            probs = feature.new_zeros(len(seqs), width, self.lm_head.shape[0], dtype=dtype)
+            probs = draft_probs(feature, len(seqs), width, self.lm_head.shape[0])
         for i in range(width):
             feature = self.module.depth(i)(feature, F.embedding(token, self.embed))
-            token = self.draw(F.linear(feature, self.lm_head), rows, probs, index, i, tokens)
+            token = draw_column(F.linear(feature, self.lm_head), rows, probs, index, i, tokens)
             still = [j for j, b in enumerate(active) if ks[b] > i + 1]
             if not still:
                 break
