@@ -352,6 +352,20 @@ def test_bench_cli_writes_reports_and_greedy_outputs_match(text_model_dirs, tmp_
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
 
+def test_num_candidates_reaches_tree_methods_only(text_model_dirs, tmp_path):
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x = 1\nx = 1\nx = 1\n"}])
+    out = tmp_path / "out"
+    rc = _bench(["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"]),
+                 "--methods", "plain,ngram,draft_model", "--k", "4", "--num-candidates", "2", "--workload", "jsonl",
+                 "--data", str(data), "--max-tokens", "8", "--dtype", "float64", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    configs = {m["label"]: m["speculative_config"] for m in report["methods"] if m["speculative_config"]}
+    assert configs["ngram k=4"]["num_candidates"] == 2  # ngram proposes trees
+    assert configs["draft_model k=4"]["num_candidates"] == 1  # a chain method runs as a chain
+    assert all(m["matches_reference"] for m in report["measurements"] if m["method"] != "plain")
+
+
 def test_a_registered_drafter_is_benchmarked_with_no_change_to_the_bench(extra_drafters, text_model_dirs, tmp_path):
     data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}])
     out = tmp_path / "out"
@@ -468,6 +482,8 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
         ["--workload", "jsonl"],
         ["--workload", "jsonl", "--data", "/nonexistent/q.jsonl"],
         ["--prompt-lookup-min", "4", "--prompt-lookup-max", "2"],
+        ["--num-candidates", "0"],
+        ["--num-candidates", "17"],
         ["--max-tokens", "0"],
         ["--methods", "plain,hf_assisted"],
         ["--synthetic", "test"],

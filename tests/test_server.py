@@ -323,3 +323,35 @@ def test_metrics_add_up_to_the_requests_own(spec_server):
         assert delta - per_pos_before[i] == expected
     assert spec_server.value("vllm:generation_tokens_total") - tokens_before == sum(u.completion_tokens
                                                                                     for u in usages)
+
+
+def test_a_failing_engine_step_is_a_logged_500_without_a_traceback(text_model_dirs, draft_dir, caplog):
+    """An unexpected error inside a step: the client gets a 500 in OpenAI's shape (no traceback,
+    no internals), the server log has the cause, and the server goes on serving."""
+    llm = make_llm(text_model_dirs, draft_dir, PLAIN)
+    served = Served(create_app(llm, served_model_name="tiny", api_key=""))
+    step = llm.engine.step
+    calls = []
+
+    def failing(seqs):
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("injected failure in the engine step")
+        return step(seqs)
+
+    llm.engine.step = failing
+    try:
+        with caplog.at_level("ERROR", logger="specdec.server"):
+            response = httpx.post(served.root + "/v1/completions", timeout=30,
+                                  json={"model": "tiny", "prompt": "x = 1\n", "max_tokens": 4})
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["type"] == "internal_server_error" and "server log" in error["message"]
+        assert "Traceback" not in response.text and "injected" not in response.text
+        assert any("engine step failed" in r.getMessage() and r.exc_info and "injected" in str(r.exc_info[1])
+                   for r in caplog.records)
+        after = served.client().completions.create(model="tiny", prompt="x = 1\n", max_tokens=4, temperature=0)
+        assert after.choices[0].finish_reason == "length"
+        served.settle()
+    finally:
+        served.stop()

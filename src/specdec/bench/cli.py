@@ -88,6 +88,13 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         help="longest n-gram matched by ngram and hf_prompt_lookup (default 3)",
     )
     group.add_argument(
+        "--num-candidates",
+        type=int,
+        default=1,
+        help="methods that propose trees (see the README) propose up to this many candidate "
+        "continuations per step, k being the tree's node budget; chain methods ignore it (default 1: chains)",
+    )
+    group.add_argument(
         "--prompt-lookup-min",
         type=int,
         default=1,
@@ -208,6 +215,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     lo, hi = args.prompt_lookup_min, args.prompt_lookup_max
     if not 1 <= lo <= hi:
         raise SpecDecError(f"need 1 <= --prompt-lookup-min <= --prompt-lookup-max, got {lo} and {hi}")
+    from specdec.drafters.base import MAX_CANDIDATES
+
+    if not 1 <= args.num_candidates <= MAX_CANDIDATES:
+        raise SpecDecError(f"--num-candidates must be in 1..{MAX_CANDIDATES}, got {args.num_candidates}")
     if args.synthetic is not None:
         named = {
             "--model": args.model,

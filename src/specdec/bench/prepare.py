@@ -205,6 +205,7 @@ def load_bench(
         draft_is_target=source.draft_is_target,
         prompt_lookup_max=args.prompt_lookup_max,
         prompt_lookup_min=args.prompt_lookup_min,
+        num_candidates=args.num_candidates,
         max_num_seqs=max(settings.batch_sizes),
         max_model_len=_max_model_len(source, args, target, ks),
         enforce_eager=args.enforce_eager,

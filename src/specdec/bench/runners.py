@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from specdec.bench.hardware import synchronize
 from specdec.bench.methods import MethodSpec, Runner, RunOutput
+from specdec.drafters import DRAFTERS
 from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
@@ -152,7 +153,8 @@ class RunnerOptions:
     comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_model.resolve_draft_dtype`, unless
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
-    ``enforce_eager`` turns their CUDA graphs off.
+    ``enforce_eager`` turns their CUDA graphs off. ``num_candidates`` goes to the methods that
+    propose trees (``Drafter.tree_drafts``); chain methods run as chains.
     """
 
     tokenizer: str | None = None
@@ -161,6 +163,7 @@ class RunnerOptions:
     draft_is_target: bool = False
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 1
+    num_candidates: int = 1
     max_num_seqs: int = 1
     max_model_len: int | None = None
     enforce_eager: bool = False
@@ -232,6 +235,7 @@ def build_runners(
                 "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
                 "prompt_lookup_max": options.prompt_lookup_max,
                 "prompt_lookup_min": options.prompt_lookup_min,
+                "num_candidates": options.num_candidates if DRAFTERS[spec.method].tree_drafts else 1,
             }
             runners.append(SpecDecRunner(spec, llm(config)))
     return runners
