@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.adaptive import AdaptiveK, FixedK, StepCost
+from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
@@ -61,11 +62,12 @@ class Engine:
         self.k = num_speculative_tokens if drafter is not None else 0
         self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
         self.cache: KVCache = target.new_cache(num_slots, max_model_len)
+        self.metrics = BatchMetrics()
         if drafter is not None:
             drafter.bind_target_cache(self.cache)
+            drafter.bind_metrics(self.metrics)
         # The target's hidden states the drafter reads (returned by every forward, handed over verified).
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
-        self.metrics = BatchMetrics()
         self._clock = StageClock(target.device)
 
     # ------------------------------------------------------------------ lifecycle
@@ -132,7 +134,7 @@ class Engine:
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
         #    no drafts at all this is plain sampling from the target (what verification reduces to).
         if width == 0:  # logits are [B, V], one row per sequence
-            token = logits.argmax(-1) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
+            token = argmax(logits) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
             target_logits = logits.view(len(seqs), width + 1, -1) if grid is None else logits[grid]  # [B, K+1, V]

@@ -13,6 +13,7 @@ from functools import cached_property
 
 import torch
 
+from specdec.argmax import argmax
 from specdec.errors import SpecDecError
 
 GREEDY_TEMPERATURE = 1e-5
@@ -173,7 +174,7 @@ class SamplingBatch:
         """
         work = logits if logits.dtype == torch.float64 else logits.float()
         extra = (1,) * (work.dim() - 2)
-        greedy = torch.nn.functional.one_hot(work.argmax(-1), work.shape[-1]).to(work.dtype)
+        greedy = torch.nn.functional.one_hot(argmax(work), work.shape[-1]).to(work.dtype)
         if self.all_greedy:
             return greedy
         temperature = self.temperature.to(work.dtype).view(-1, *extra, 1)
@@ -214,7 +215,7 @@ class SamplingBatch:
         The exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. is distributed as ``p``;
         each row draws its ``E`` from its own generator; greedy rows draw nothing and get the argmax.
         """
-        return (probs / self.noise(probs)).argmax(-1)
+        return argmax(probs / self.noise(probs))
 
     def noise(self, probs: torch.Tensor) -> torch.Tensor:
         """``[B, V]`` exponential noise for the race (ones for greedy rows), positive."""

@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.argmax import argmax
+
 
 def _pad_after(tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -86,7 +88,7 @@ def verify_greedy(
     ``draft_tokens`` ``[B, K]``, ``num_draft`` ``[B]``, ``target_logits`` ``[B, K+1, V]``
     (logits or probabilities).
     """
-    target_tokens = target_logits.argmax(dim=-1)
+    target_tokens = argmax(target_logits)
     num_accepted = _num_accepted(draft_tokens == target_tokens[:, :-1], num_draft)
     return _pad_after(target_tokens, num_accepted), num_accepted
 
@@ -132,7 +134,7 @@ def verify_stochastic(
         else:
             q_next = draft_probs[rows, at].to(p_next.dtype)
         p_next = torch.where(rejected[:, None], residual_distribution(p_next, q_next), p_next)
-    next_token = (p_next / noise.to(p_next.dtype)).argmax(-1)
+    next_token = argmax(p_next / noise.to(p_next.dtype))
 
     output = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
     output[rows, num_accepted] = next_token
@@ -158,7 +160,7 @@ def verify_tree_greedy(
     from specdec.tree import ancestor_mask
 
     batch, k = draft_tokens.shape
-    target_tokens = target_logits.argmax(dim=-1)  # [B, K+1]
+    target_tokens = argmax(target_logits)  # [B, K+1]
     up = _tree_columns(parents, num_draft)
     match = (up >= 0) & (draft_tokens == target_tokens.gather(1, up.clamp_min(0)))
     mask = ancestor_mask(parents, num_draft)[:, 1:, 1:]  # [B, K, K] node -> ancestors-or-self
@@ -235,7 +237,7 @@ def verify_tree_stochastic(
                         torch.where(rejected[:, None], sibling_residual(r, q), r))
         current = torch.where(accept, i + 1, current)
         num_accepted += accept.to(torch.long)
-    next_token = (r / noise.to(r.dtype)).argmax(-1)
+    next_token = argmax(r / noise.to(r.dtype))
     mask = ancestor_mask(parents, num_draft)[:, 1:, 1:]
     emitted = torch.zeros(batch, k + 1, dtype=torch.long, device=draft_tokens.device)
     emitted[rows, current] = next_token

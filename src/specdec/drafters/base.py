@@ -17,7 +17,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.adaptive import AUTO, DEFAULT_MAX_SPECULATIVE_TOKENS
+from specdec.argmax import argmax
 from specdec.errors import SpecDecError
+from specdec.metrics import BatchMetrics
 from specdec.models.base import CausalLM, KVCache, to_device
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
@@ -47,7 +49,8 @@ class SpeculativeConfig:
     the target's decoder layers the layer_skip draft leaves out (None: chosen by calibration).
     ``num_candidates``: a method with tree drafts proposes up to this many different
     continuations per step as a tree (1: a chain); ``num_speculative_tokens`` is then the most
-    tree nodes per step.
+    tree nodes per step. ``candidates``: the speculative configs (dicts or ``SpeculativeConfig``) a
+    composite method (``"auto"``) chooses among, each validated as a config of its own.
     """
 
     method: str
@@ -63,6 +66,7 @@ class SpeculativeConfig:
     suffix_min_prob: float = 0.1
     skip_layers: list[int] | None = None
     num_candidates: int = 1
+    candidates: list[Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -91,6 +95,18 @@ class SpeculativeConfig:
             raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
             raise SpecDecError(f"a draft 'dtype' is a name such as 'float32', got {self.dtype!r}")
+        if self.candidates is not None:
+            if not DRAFTERS[self.method].composite:
+                raise SpecDecError(f"speculative method {self.method!r} takes no 'candidates'")
+            if not isinstance(self.candidates, list):
+                raise SpecDecError(f"'candidates' must be a list of speculative configs, got {self.candidates!r}")
+            configs = []
+            for i, c in enumerate(self.candidates):
+                try:
+                    configs.append(c if isinstance(c, SpeculativeConfig) else SpeculativeConfig.from_dict(c))
+                except SpecDecError as exc:
+                    raise SpecDecError(f"{self.method} candidate {i}: {exc}") from None
+            self.candidates = configs
         DRAFTERS[self.method].check_config(self)
 
     @property
@@ -200,6 +216,8 @@ class Drafter(ABC):
     #: The target's hidden states the method reads (``ForwardBatch.hidden_layers`` indices, ``-1`` the
     #: final normed one); the engine then hands them over through ``observe_hidden``.
     hidden_layers: ClassVar[tuple[int, ...]] = ()
+    #: Whether the method combines the drafters of ``speculative_config["candidates"]``.
+    composite: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -240,6 +258,9 @@ class Drafter(ABC):
     def bind_target_cache(self, cache: KVCache) -> None:  # noqa: B027 - most drafters keep their own state
         """The target's KV pool, given once by the engine to a drafter that runs the target's own layers."""
 
+    def bind_metrics(self, metrics: BatchMetrics) -> None:  # noqa: B027 - most drafters report nothing extra
+        """The engine's aggregate metrics, given once by the engine (a drafter may count its own figures there)."""
+
     def forget(self) -> None:  # noqa: B027 - most drafters learn nothing across requests
         """Forget what earlier requests taught (a benchmark's warm-up must not seed its measurements);
         running sequences keep their own state."""
@@ -258,7 +279,7 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
     (``probs`` None, every row greedy), else a sample of each row's sampling distribution, recorded in
     ``probs`` ``[B, K, V]`` for verification. Writes ``tokens`` ``[B, K]``; returns the tokens ``[A]``."""
     if probs is None:
-        token = logits.argmax(-1)
+        token = argmax(logits)
     else:
         q = rows.probs(logits)
         token = rows.sample(q)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.argmax import argmax
 from specdec.drafters.base import (
     DraftBatch,
     Drafter,
@@ -105,7 +106,7 @@ class DraftModelDrafter(Drafter):
         logits = self.model.forward(batch, self.cache).logits
         if rows.all_greedy and self.threshold is None and all(ks[b] == width for b in active):
             # The whole greedy proposal after the first token in one call (one graph on a GPU).
-            first = logits.argmax(-1)
+            first = argmax(logits)
             drafts = first[:, None]
             if width > 1:
                 chain = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache, width - 1)

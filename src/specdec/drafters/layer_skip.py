@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.argmax import argmax
 from specdec.drafters.base import (
     DraftBatch,
     Drafter,
@@ -121,22 +122,22 @@ class LayerSkipDrafter(Drafter):
         cache = target.new_cache(1, capacity)
         logits = target.forward(ForwardBatch.from_rows([tokens], [0], [0], device, logits="last"), cache).logits
         while len(tokens) < capacity:
-            token = logits.argmax(-1)
+            token = argmax(logits)
             tokens.append(int(token[0]))
             logits = target.forward(ForwardBatch.one_token_per_row(token, [0], cache), cache).logits
 
-        def argmax(layers: tuple[int, ...] | None) -> torch.Tensor:
+        def greedy(layers: tuple[int, ...] | None) -> torch.Tensor:
             cache.release(0)
             batch = ForwardBatch.from_rows([tokens[:-1]], [0], [0], device)
             batch.layers = layers
-            return target.forward(batch, cache).logits.argmax(-1)
+            return argmax(target.forward(batch, cache).logits)
 
-        full = argmax(None)
+        full = greedy(None)
         n = target.num_layers
         best, best_speedup = None, 0.0
         for skip in candidate_skip_sets(n):
             run = tuple(i for i in range(n) if i not in skip)
-            alpha = (argmax(run) == full).double().mean().item()
+            alpha = (greedy(run) == full).double().mean().item()
             speedup = predicted_speedup(alpha, self.k, len(run) / n, (n - min(skip)) / n)
             self.calibration[skip] = alpha
             if speedup > best_speedup:
@@ -177,7 +178,7 @@ class LayerSkipDrafter(Drafter):
                 logits, index, rows = logits[keep], index[keep], rows.select(drafting)
                 active = [active[j] for j in drafting]
             if rows.all_greedy and probs is None:
-                feed = logits.argmax(-1)
+                feed = argmax(logits)
             else:
                 if probs is None:
                     probs = draft_probs(logits, len(seqs), width, logits.shape[-1])

@@ -37,6 +37,7 @@ from functools import cached_property
 
 import torch
 
+from specdec.argmax import argmax
 from specdec.errors import SpecDecError
 
 
@@ -204,7 +205,7 @@ class CausalLM(ABC):
         """
         out = []
         for _ in range(steps):
-            tokens = self.forward(ForwardBatch.one_token_per_row(tokens, slots, cache), cache).logits.argmax(-1)
+            tokens = argmax(self.forward(ForwardBatch.one_token_per_row(tokens, slots, cache), cache).logits)
             out.append(tokens)
         return torch.stack(out, dim=1)
 
