@@ -6,7 +6,7 @@ here is exact, and ragged rows (fewer drafts than K, or none) are checked alongs
 
 import torch
 
-from specdec.verify import residual_distribution, verify_greedy, verify_stochastic
+from specdec.verify import greedy_accepted, residual_distribution, verify_stochastic
 
 
 def one_hot(tokens, vocab=5):
@@ -18,34 +18,42 @@ def ones_noise(batch, vocab=5):
 
 
 def test_greedy_all_accepted_gives_bonus():
-    output, n = verify_greedy(torch.tensor([[1, 2, 3]]), torch.tensor([3]), one_hot([[1, 2, 3, 4]]))
-    assert n.tolist() == [3]
-    assert output.tolist() == [[1, 2, 3, 4]]
+    assert greedy_accepted([1, 2, 3, 4], [1, 2, 3], 3) == 3  # emits 1 2 3 and the bonus 4
 
 
 def test_greedy_first_rejected_gives_target_token():
-    output, n = verify_greedy(torch.tensor([[0, 2, 3]]), torch.tensor([3]), one_hot([[1, 2, 3, 4]]))
-    assert n.tolist() == [0]
-    assert output.tolist() == [[1, -1, -1, -1]]
+    assert greedy_accepted([1, 2, 3, 4], [0, 2, 3], 3) == 0  # emits the target's 1
 
 
 def test_greedy_ragged_rows():
     """Row 0 drafts 2 of K=3 (its third column is padding that happens to match the target and
     must not be accepted); row 1 drafts nothing; row 2 is rejected at its second draft; row 3
     accepts all 3."""
-    drafts = torch.tensor([[1, 2, 3], [0, 0, 0], [4, 0, 4], [2, 2, 2]])
-    logits = torch.stack([one_hot([1, 2, 3, 4]), one_hot([3, 3, 3, 3]), one_hot([4, 4, 0, 1]),
-                          one_hot([2, 2, 2, 1])])
-    output, n = verify_greedy(drafts, torch.tensor([2, 0, 3, 3]), logits)
-    assert n.tolist() == [2, 0, 1, 3]
-    assert output.tolist() == [[1, 2, 3, -1], [3, -1, -1, -1], [4, 4, -1, -1], [2, 2, 2, 1]]
+    targets = [[1, 2, 3, 4], [3, 3, 3, 3], [4, 4, 0, 1], [2, 2, 2, 1]]
+    drafts = [[1, 2, 3], [0, 0, 0], [4, 0, 4], [2, 2, 2]]
+    counts = [greedy_accepted(t, d, n) for t, d, n in zip(targets, drafts, [2, 0, 3, 3])]
+    assert counts == [2, 0, 1, 3]
 
 
 def test_greedy_without_drafts():
-    output, n = verify_greedy(torch.zeros(2, 0, dtype=torch.long), torch.tensor([0, 0]),
-                              torch.stack([one_hot([3]), one_hot([1])]))
-    assert n.tolist() == [0, 0]
-    assert output.tolist() == [[3], [1]]
+    assert greedy_accepted([3], [], 0) == 0
+
+
+def test_greedy_matching_equals_a_greedy_stochastic_call():
+    """Random ragged batches: the host matching accepts what the tensor verifier accepts for greedy rows."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        batch, width, vocab = 4, 5, 3
+        drafts = torch.randint(0, vocab, (batch, width), generator=gen)
+        num_draft = torch.randint(0, width + 1, (batch,), generator=gen)
+        target = torch.randint(0, vocab, (batch, width + 1), generator=gen)
+        probs = torch.nn.functional.one_hot(target, vocab).double()
+        output, n = verify_stochastic(drafts, num_draft, None, probs, torch.zeros(batch, width, dtype=torch.float64),
+                                      ones_noise(batch, vocab))
+        host = [greedy_accepted(t, d, k) for t, d, k in zip(target.tolist(), drafts.tolist(), num_draft.tolist())]
+        assert host == n.tolist()
+        for b, k in enumerate(host):
+            assert output[b, : k + 1].tolist() == target[b, : k + 1].tolist()
 
 
 def test_stochastic_identical_distributions_accept_everything():

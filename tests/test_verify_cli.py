@@ -6,7 +6,6 @@ residual) matter.
 """
 
 import pytest
-import torch
 from helpers import build_model
 
 import specdec.engine
@@ -47,12 +46,10 @@ def test_fails_when_the_residual_is_wrong(pair, capsys, monkeypatch):
 
 
 def test_fails_when_greedy_verification_accepts_everything(pair, capsys, monkeypatch):
-    def accept_all(draft_tokens, num_draft, target_logits):
-        target = target_logits.argmax(-1)
-        output = torch.cat([draft_tokens, target[:, -1:]], dim=1)
-        return output, num_draft
+    def accept_all(target_tokens, draft_tokens, num_draft):
+        return num_draft
 
-    monkeypatch.setattr(specdec.engine, "verify_greedy", accept_all)
+    monkeypatch.setattr(specdec.engine, "greedy_accepted", accept_all)
     assert verify(pair, "--num-speculative-tokens", "2", "--sampling-prompts", "0") == 1
     out = capsys.readouterr().out
     assert "mismatch at token" in out and "verdict: FAIL" in out

@@ -29,7 +29,7 @@ from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.tree import ancestor_mask, compaction_moves, depths
-from specdec.verify import verify_greedy, verify_stochastic, verify_tree_greedy, verify_tree_stochastic
+from specdec.verify import greedy_accepted, verify_stochastic, verify_tree_greedy, verify_tree_stochastic
 
 
 @dataclass
@@ -138,9 +138,17 @@ class Engine:
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
             target_logits = logits.view(len(seqs), width + 1, -1) if grid is None else logits[grid]  # [B, K+1, V]
-            output, num_accepted, path = self._verify(draft, target_logits, sampling)
-            # The step's one host sync: every row's emitted tokens, accepted node indices (trees) and count.
-            result = torch.cat([output, *([] if path is None else [path]), num_accepted[:, None]], dim=1).tolist()
+            if sampling.all_greedy and draft.parents is None:
+                # Greedy chains are matched on the host: the step's one host sync reads the target's
+                # argmax and the drafts, [B, 2K+1], and each row keeps its matching prefix.
+                rows = torch.cat([argmax(target_logits), draft.tokens], dim=1).tolist()
+                result = [row[: width + 1] + [greedy_accepted(row, row[width + 1 :], n)]
+                          for row, n in zip(rows, draft.num_draft)]
+            else:
+                output, num_accepted, path = self._verify(draft, target_logits, sampling)
+                # The step's one host sync: every row's emitted tokens, accepted node indices (trees), count.
+                result = torch.cat([output, *([] if path is None else [path]), num_accepted[:, None]],
+                                   dim=1).tolist()
         if draft is not None and draft.parents is not None:  # accepted node indices per row
             paths = [row[width + 1 : width + 1 + row[-1]] for row in result]
         else:  # a chain's accepted nodes are its first drafts
@@ -219,23 +227,20 @@ class Engine:
     @staticmethod
     def _verify(draft: DraftBatch, target_logits: torch.Tensor, sampling: SamplingBatch
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Greedy or exact verification of chains or trees: ``(output [B, K+1], num_accepted [B],
-        path [B, K] or None)``; a chain's path (None) is its first ``num_accepted`` columns."""
+        """Exact verification of sampled chains, and of greedy or sampled trees (greedy chains are
+        matched on the host in :meth:`step`): ``(output [B, K+1], num_accepted [B], path [B, K] or
+        None)``; a chain's path (None) is its first ``num_accepted`` columns."""
         device, width = target_logits.device, draft.tokens.shape[1]
         num_draft = to_device(draft.num_draft, device)
         tree = draft.parents is not None
-        if sampling.all_greedy:
-            if tree:
-                return verify_tree_greedy(draft.tokens, draft.parents, num_draft, target_logits)
-            output, num_accepted = verify_greedy(draft.tokens, num_draft, target_logits)
-        else:
-            probs = sampling.probs(target_logits)
-            uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
-            noise = sampling.noise(probs[:, 0])
-            if tree:
-                return verify_tree_stochastic(draft.tokens, draft.parents, num_draft, draft.probs, probs, uniforms,
-                                              noise)
-            output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
+        if sampling.all_greedy:  # a tree
+            return verify_tree_greedy(draft.tokens, draft.parents, num_draft, target_logits)
+        probs = sampling.probs(target_logits)
+        uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
+        noise = sampling.noise(probs[:, 0])
+        if tree:
+            return verify_tree_stochastic(draft.tokens, draft.parents, num_draft, draft.probs, probs, uniforms, noise)
+        output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
         return output, num_accepted, None
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:

@@ -25,8 +25,10 @@ caller from each row's own generator, so these functions stay pure and batch-inv
 greedy row (``p`` one-hot, ``u = 0``, ``E = 1``) keeps the longest prefix equal to the
 target's argmax and emits the argmax after it: exactly greedy verification.
 
-Both functions return ``(output_tokens [B, K+1], num_accepted [B])``; ``output_tokens[b,
-:n+1]`` are the emitted tokens and the positions after them hold ``-1``.
+:func:`verify_stochastic` returns ``(output_tokens [B, K+1], num_accepted [B])``;
+``output_tokens[b, :n+1]`` are the emitted tokens and the positions after them hold ``-1``.
+All-greedy chain batches are matched on the host instead (:func:`greedy_accepted`, one row at a
+time after the step's single device read): the same result, without a dozen small tensor ops.
 
 Trees (the form of :mod:`specdec.tree`: ``parents`` ``[B, K]``, -1 for the root). Column ``i+1``
 of ``target_probs`` is the target's distribution after node ``i``'s path, column 0 after the
@@ -80,17 +82,15 @@ def _num_accepted(accept: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor
     return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
-def verify_greedy(
-    draft_tokens: torch.Tensor, num_draft: torch.Tensor, target_logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy verification against the target's argmax.
-
-    ``draft_tokens`` ``[B, K]``, ``num_draft`` ``[B]``, ``target_logits`` ``[B, K+1, V]``
-    (logits or probabilities).
-    """
-    target_tokens = argmax(target_logits)
-    num_accepted = _num_accepted(draft_tokens == target_tokens[:, :-1], num_draft)
-    return _pad_after(target_tokens, num_accepted), num_accepted
+def greedy_accepted(target_tokens: list[int], draft_tokens: list[int], num_draft: int) -> int:
+    """Greedy verification of one chain row on host lists (after the step's device read): how many
+    of the first ``num_draft`` drafts equal the target's argmax ``target_tokens`` ``[K+1]`` (the
+    argmax after the pending token and after each draft) before the first that does not. The
+    row then emits ``target_tokens[: count + 1]``: the accepted drafts and the argmax after them."""
+    count = 0
+    while count < num_draft and draft_tokens[count] == target_tokens[count]:
+        count += 1
+    return count
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
