@@ -98,6 +98,10 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
                    help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
                    f"else {PLAIN})")
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help="the Python API's speculative_config dict as JSON, instead of the other speculative flags "
+                   "(e.g. method auto and its candidates); with no --model, a draft_model config or candidate "
+                   "without a 'model' uses the embedded draft")
     p.add_argument("--num-speculative-tokens", type=_k_value, default=4,
                    help="draft tokens per step, k, or 'auto': each row's k per step from measured acceptance and "
                    "cost (default 4)")
@@ -120,11 +124,38 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
 
 
+def _config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(target, speculative_config) of ``--speculative-config``; with no ``--model`` the embedded pair's
+    target, and its draft for a draft_model config or candidate that names no model."""
+    from specdec.assets import require_default_pair
+
+    if args.speculative_model is not None or args.speculative_method is not None:
+        raise SpecDecError("give either --speculative-config or --speculative-model/--speculative-method")
+    try:
+        spec = json.loads(args.speculative_config)
+    except json.JSONDecodeError as exc:
+        raise SpecDecError(f"--speculative-config is not valid JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise SpecDecError(f"--speculative-config must be a JSON object, got {args.speculative_config!r}")
+    if args.model is not None:
+        return args.model, spec
+    target, draft = require_default_pair()
+    candidates = spec.get("candidates")
+    for config in [spec, *(candidates if isinstance(candidates, list) else [])]:
+        if isinstance(config, dict) and config.get("method") == DEFAULT_WITH_DRAFT:
+            config.setdefault("model", str(draft))
+    return str(target), spec
+
+
 def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """(target, draft or None, method) from the flags and the embedded default pair."""
     from specdec.assets import require_default_pair
     from specdec.drafters import DRAFTERS
 
+    if getattr(args, "speculative_config", None) is not None:
+        model, spec = _config_json(args)
+        draft = spec.get("model")
+        return model, draft if isinstance(draft, str) else None, str(spec.get("method"))
     model, draft, method = args.model, args.speculative_model, args.speculative_method
     needs_model = method is None or (method != PLAIN and DRAFTERS[method].needs_model)
     if model is None:
@@ -174,6 +205,8 @@ def _summary(metrics, method: str, k: int) -> str:
 
 def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
     """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
+    if getattr(args, "speculative_config", None) is not None:
+        return _config_json(args)[1]
     if method == PLAIN:
         return None
     config = {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,
@@ -225,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager)
+    if llm.speculative_config is not None:
+        k = llm.speculative_config.num_speculative_tokens
     if args.stream and not args.json:
         _stream(llm, prompts, params, method, k)
         return 0

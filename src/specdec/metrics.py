@@ -15,6 +15,8 @@ class RequestMetrics:
     ``time_prefill`` (prompt into the target's and the drafter's caches), ``time_drafting``
     (drafter ``propose``/``observe``), ``time_target`` (target forwards of the steps) and
     ``time_other`` (verification, cache rollback, stop handling, bookkeeping).
+    ``drafter_choices``: with ``method="auto"``, how many steps each candidate drafted for the request
+    (by label: its method, ``method#i`` for the ``i``-th candidate when a method is listed twice).
     """
 
     num_prompt_tokens: int = 0
@@ -29,6 +31,7 @@ class RequestMetrics:
     time_drafting: float = 0.0
     time_target: float = 0.0
     time_other: float = 0.0
+    drafter_choices: dict[str, int] = field(default_factory=dict)
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """Count one step that drafted ``num_drafted``, accepted ``num_accepted`` and emitted ``num_emitted``."""
@@ -83,6 +86,8 @@ class RequestMetrics:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, value in enumerate(theirs):
                 mine[i] += value
+        for label, count in other.drafter_choices.items():
+            self.drafter_choices[label] = self.drafter_choices.get(label, 0) + count
 
     def to_dict(self) -> dict:
         """Counters, timers and derived rates as a JSON-ready dict."""
@@ -103,7 +108,8 @@ class BatchMetrics:
 
     ``num_rows`` sums the batch size of every step (``mean_batch_size`` = rows / steps);
     times are seconds per stage, summed over steps (CUDA events on a GPU, so each stage's
-    asynchronous work is charged to that stage).
+    asynchronous work is charged to that stage). ``drafter_choices``: with ``method="auto"``, the
+    rows each candidate drafted for, summed over steps (see :class:`RequestMetrics`).
     """
 
     num_steps: int = 0
@@ -115,6 +121,7 @@ class BatchMetrics:
     time_drafting: float = 0.0
     time_target: float = 0.0
     time_other: float = 0.0
+    drafter_choices: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_batch_size(self) -> float:

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                    max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
 
     reference, candidate = llm(None), llm(spec)
-    print(f"specdec verify: target {model}, {method}, k={args.num_speculative_tokens}"
+    print(f"specdec verify: target {model}, {method}, k={candidate.speculative_config.num_speculative_tokens}"
           + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}")
     prompts = _prompts(args, reference)
     verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens)

@@ -45,6 +45,8 @@ class DraftModelDrafter(Drafter):
     pending token; after a fully accepted step the last draft too; more after a step the row
     skipped), then one token per row per draft position; ``observe`` rolls back the drafts
     that were rejected. A row draws from its generator only for its own ``ks[b]`` drafts.
+    A draft whose tokenizer differs from the target's is built as a
+    :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter` (drafts converted through text).
     """
 
     method = "draft_model"
@@ -68,18 +70,27 @@ class DraftModelDrafter(Drafter):
         dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
         model = load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
                                enforce_eager=options.enforce_eager)
+        draft_tokenizer = load_tokenizer(config.model, required=False)
+        target_tokenizer = options.target_tokenizer
+        if (draft_tokenizer is not None and target_tokenizer is not None
+                and draft_tokenizer.get_vocab() != target_tokenizer.get_vocab()):
+            if config.draft_confidence_threshold is not None:
+                raise SpecDecError(
+                    f"draft_confidence_threshold is not supported with a draft whose tokenizer differs from the "
+                    f"target's (draft model {model.name!r})"
+                )
+            from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter  # a subclass: imports this module
+
+            return CrossTokenizerDrafter(model, draft_tokenizer, target_tokenizer, target.vocab_size,
+                                         options.num_slots, options.max_model_len)
         if model.vocab_size != target.vocab_size:
+            missing = ("the draft has no tokenizer" if draft_tokenizer is None
+                       else "the target has no tokenizer" if target_tokenizer is None else "")
+            why = f" ({missing}, so its tokens cannot be converted through text)" if missing else ""
             raise SpecDecError(
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "
-                f"{target.name!r} has {target.vocab_size}; the draft and the target must share a vocabulary"
+                f"{target.name!r} has {target.vocab_size}{why}; the draft and the target must share a vocabulary"
             )
-        if options.target_tokenizer is not None:
-            draft_tokenizer = load_tokenizer(config.model, required=False)
-            if draft_tokenizer is not None and draft_tokenizer.get_vocab() != options.target_tokenizer.get_vocab():
-                raise SpecDecError(
-                    f"the draft model {model.name!r} uses a different tokenizer vocabulary from the target "
-                    f"{target.name!r}; the draft and the target must share a vocabulary"
-                )
         return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold)
 
     def add(self, seqs: list[Sequence]) -> None:
