@@ -366,6 +366,24 @@ def test_num_candidates_reaches_tree_methods_only(text_model_dirs, tmp_path):
     assert all(m["matches_reference"] for m in report["measurements"] if m["method"] != "plain")
 
 
+def test_auto_chooses_among_the_runs_other_methods(text_model_dirs, tmp_path):
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x = 1\nx = 1\nx = 1\n"}, {"prompt": "def f(x):\n"}])
+    out = tmp_path / "out"
+    rc = _bench(["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"]),
+                 "--methods", "plain,ngram,draft_model,layer_skip,auto", "--k", "3", "--workload", "jsonl",
+                 "--data", str(data),
+                 "--max-tokens", "8", "--dtype", "float64", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    auto = next(m for m in report["methods"] if m["label"] == "auto k=3")
+    candidates = sorted(c["method"] for c in auto["speculative_config"]["candidates"])
+    assert candidates == ["draft_model", "ngram"]  # layer_skip runs the target's own layers: not a candidate
+    assert all(m["matches_reference"] for m in report["measurements"] if m["method"] != "plain")
+    with pytest.raises(SpecDecError, match="other speculative methods"):
+        _bench(["--model", str(text_model_dirs["target"]), "--methods", "plain,auto", "--workload", "jsonl",
+                "--data", str(data), "--max-tokens", "4", "--out", str(tmp_path / "alone")])
+
+
 def test_a_registered_drafter_is_benchmarked_with_no_change_to_the_bench(extra_drafters, text_model_dirs, tmp_path):
     data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}])
     out = tmp_path / "out"

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdec.adaptive import DEFAULT_MAX_SPECULATIVE_TOKENS
 from specdec.bench.hardware import synchronize
 from specdec.bench.methods import MethodSpec, Runner, RunOutput
-from specdec.drafters import DRAFTERS
+from specdec.drafters import DRAFTERS, SpeculativeConfig
 from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
@@ -74,12 +75,27 @@ class SpecDecRunner(Runner):
         }
 
 
+def _takes_candidate(method: str, candidate: dict[str, Any]) -> bool:
+    """Whether the composite ``method`` accepts ``candidate`` (it refuses drafters that run the
+    target's own layers, for example)."""
+    try:
+        SpeculativeConfig.from_dict({"method": method, "candidates": [candidate]})
+    except SpecDecError:
+        return False
+    return True
+
+
 def _describe_value(value: Any) -> Any:
-    """A JSON-ready stand-in: a loaded model by its folder, a path or dtype as text."""
+    """A JSON-ready stand-in: a loaded model by its folder, a path or dtype as text, a nested
+    configuration (an auto method's candidates) as a dict."""
     if isinstance(value, PreTrainedModel):
         return getattr(value.config, "_name_or_path", "") or type(value).__name__
     if isinstance(value, (Path, torch.dtype)):
         return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_describe_value(item) for item in value]
+    if isinstance(value, SpeculativeConfig):
+        return {key: _describe_value(item) for key, item in vars(value).items()}
     return value
 
 
@@ -219,6 +235,28 @@ def build_runners(
             enforce_eager=options.enforce_eager,
         )
 
+    def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:
+        drafter = DRAFTERS[method]
+        if drafter.composite:  # its candidates: the run's other speculative methods it takes, at the same k
+            others = sorted({s.method for s in specs if s.kind.speculative and not DRAFTERS[s.method].composite})
+            candidates = [config(m, k if k != "auto" else DEFAULT_MAX_SPECULATIVE_TOKENS, 1) for m in others]
+            candidates = [c for c in candidates if _takes_candidate(method, c)]
+            if not candidates:
+                raise SpecDecError(
+                    f"{method!r} chooses among the run's other speculative methods; add some to --methods")
+            return {"method": method, "num_speculative_tokens": k, "candidates": candidates}
+        model = assistant if drafter.needs_model else None
+        return {
+            "method": method,
+            "num_speculative_tokens": k,
+            "model": model,
+            # The draft's dtype is the loaded draft's own, so that a shared model is never converted.
+            "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
+            "prompt_lookup_max": options.prompt_lookup_max,
+            "prompt_lookup_min": options.prompt_lookup_min,
+            "num_candidates": candidates if drafter.tree_drafts else 1,
+        }
+
     runners: list[Runner] = []
     for spec in specs:
         if spec.kind.peer:
@@ -226,16 +264,5 @@ def build_runners(
         elif not spec.kind.speculative:  # plain decoding
             runners.append(SpecDecRunner(spec, llm(None)))
         else:
-            model = assistant if spec.kind.needs_draft else None
-            config = {
-                "method": spec.method,
-                "num_speculative_tokens": spec.k,
-                "model": model,
-                # The draft's dtype is the loaded draft's own, so that a shared model is never converted.
-                "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
-                "prompt_lookup_max": options.prompt_lookup_max,
-                "prompt_lookup_min": options.prompt_lookup_min,
-                "num_candidates": options.num_candidates if DRAFTERS[spec.method].tree_drafts else 1,
-            }
-            runners.append(SpecDecRunner(spec, llm(config)))
+            runners.append(SpecDecRunner(spec, llm(config(spec.method, spec.k, options.num_candidates))))
     return runners
