@@ -304,8 +304,8 @@ class FastLlamaLM(CausalLM):
         """``[R, 1, T, K]``: the committed context, plus the new tokens the tree lets each token see."""
         rows, width = g.rows, g.width
         tree = tree_mask.new_zeros(rows * width, width)
-        tree[cell_index] = tree_mask[:, :width]
-        tree[:, 0] |= True  # padding cells see something (their output is never used)
+        tree[:, 0] = True  # padding cells see something (their output is never used)
+        tree[cell_index] = tree_mask[:, :width]  # real cells see exactly their tree (new token 0 too)
         rel = torch.arange(g.key_len, device=self.device)[None, None, :] - g.starts[:, None, None]
         inside = (rel >= 0) & (rel < width)
         bits = tree.view(rows, width, width).gather(2, rel.clamp(0, width - 1).expand(rows, width, -1))

@@ -157,6 +157,7 @@ class HeadDrafter(Drafter):
         self.target, self.spec, self.module = target, spec, module
         self.embed, self.lm_head = target_weights(target)
         self.features: dict[str, list[torch.Tensor]] = {}
+        self.num_candidates = 1  # > 1: tree drafts (methods with ``tree_drafts``), set by ``from_config``
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -169,7 +170,13 @@ class HeadDrafter(Drafter):
         _, lm_head = target_weights(target)
         folder = resolve_folder(config.model, cls.method, lm_head, target.name)
         spec, state = load_spec_and_state(folder, cls.method, lm_head, target.name)
-        return cls.build(target, spec, state, folder, options)
+        if config.num_candidates > 1 and not target.supports_tree_mask:
+            raise SpecDecError(
+                f"{cls.method} with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, "
+                f"Mistral); {target.name!r} runs on transformers' forward: use num_candidates=1")
+        drafter = cls.build(target, spec, state, folder, options)
+        drafter.num_candidates = config.num_candidates
+        return drafter
 
     @classmethod
     def build(cls, target: CausalLM, spec: HeadSpec, state: dict[str, torch.Tensor], folder: Path,

@@ -11,10 +11,18 @@ from transformers import LlamaConfig
 from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
-from specdec.models.base import CausalLM, ForwardBatch, to_device
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
 from specdec.models.fast_llama import FastLlamaLM
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+from specdec.tree import DynamicTree, ancestor_mask, depths, expand, prune
+
+
+def tree_levels(budget: int, width: int) -> int:
+    """How many levels an EAGLE-2 tree of ``budget`` nodes grows with ``width`` children per node and
+    ``width`` nodes expanded per level: ``budget // width + 1`` (EAGLE-2's 60 nodes of top-10: 7),
+    at most ``budget``."""
+    return max(1, min(budget, budget // width + 1))
 
 
 def eagle_config(spec: HeadSpec) -> LlamaConfig:
@@ -36,9 +44,21 @@ class EagleDrafter(HeadDrafter):
     ending in the pending token); the layer's output there predicts the feature of the pending
     position, whose logits under the target's head give ``d_1``; each further draft feeds
     ``(predicted feature, d_i)``. Afterwards the pool is set back to the target-feature pairs.
-    Sampled rows draw from the layer's distribution ``q`` (returned for exact verification)."""
+    Sampled rows draw from the layer's distribution ``q`` (returned for exact verification).
+
+    With ``num_candidates = r > 1`` a row proposes an EAGLE-2 dynamic tree of at most ``k`` nodes
+    (``k`` = ``num_speculative_tokens``): from the pending position, :func:`~specdec.tree.expand` gives
+    each of the ``r`` best nodes of the last level its ``r`` most probable children (scored by
+    cumulative draft log-probability) for :func:`tree_levels` levels, the layer running over the
+    expanded nodes with their ancestor mask (node ``i`` fed ``(its parent's predicted feature, its
+    token)`` at position ``L - 2 + depth``); :func:`~specdec.tree.prune` keeps the ``k`` best nodes.
+    The tree is a deterministic function of the context (top-k, no sampling), so greedy and sampled
+    rows alike verify it with one-hot ``q`` (``probs`` None), which is exact. The pool is set back to
+    the target-feature pairs afterwards; the accepted path's target features arrive through
+    ``observe_hidden``, so nothing needs compacting."""
 
     method = "eagle"
+    tree_drafts = True
     description = ("EAGLE: one-layer feature drafter on the target's hidden states "
                    "(trained folder; embedded for the default pair)")
 
@@ -92,6 +112,8 @@ class EagleDrafter(HeadDrafter):
         batch.input_hidden = self._inputs(torch.cat(features), host[:n])
         committed = {seqs[b].slot: cache.lengths[seqs[b].slot] + c for b, c in zip(fed, batch.num_tokens)}
         out = self.layer.forward(batch, cache)
+        if self.num_candidates > 1:
+            return self._propose_tree(seqs, ks, fed, out, committed)
         # 2. Draft autoregressively, the rows that still draft feeding (predicted feature, last draft).
         keep = [j for j, b in enumerate(fed) if ks[b] > 0]
         active = [fed[j] for j in keep]
@@ -120,3 +142,67 @@ class EagleDrafter(HeadDrafter):
         for slot, length in committed.items():
             cache.set_length(slot, length)
         return DraftBatch(tokens, ks, probs)
+
+    def _propose_tree(self, seqs: list[Sequence], ks: list[int], fed: list[int], out: ForwardOutput,
+                      committed: dict[int, int]
+                      ) -> DraftBatch:
+        """EAGLE-2 trees for the rows ``fed`` with ``ks[b] > 0`` from ``out``, the layer's output at each fed
+        row's last pair (logits ``[len(fed), V]``, hidden ``[len(fed), 1, H]``); resets the pool to ``committed``."""
+        device, cache, r = self.target.device, self.cache, self.num_candidates
+        keep = [j for j, b in enumerate(fed) if ks[b] > 0]
+        rows = [fed[j] for j in keep]
+        if not rows:
+            return DraftBatch(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
+        part = to_device(keep, device)
+        logits, root = out.logits[part], out.hidden[part, 0]  # [A, V], [A, H]
+        count, slots = len(rows), [seqs[b].slot for b in rows]
+        score_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        tree = DynamicTree.empty(count, device, score_dtype)
+        frontier = torch.full((count, 1), -1, dtype=torch.long, device=device)
+        logprobs = F.log_softmax(logits.to(score_dtype), dim=-1)[:, None]  # [A, F, V]
+        predicted = root.new_zeros(count, 0, root.shape[-1])  # [A, M, H]: each node's predicted feature
+        expanded = frontier.new_zeros(count, 0)  # [A, E]: the nodes run through the layer so far
+        levels = tree_levels(max(ks[b] for b in rows), r)
+        for level in range(levels):
+            tree, frontier = expand(tree, frontier, logprobs, r, r)
+            if level == levels - 1:
+                break
+            expanded = torch.cat([expanded, frontier], dim=1)
+            width = expanded.shape[1]
+            node_parents = tree.parents.gather(1, expanded)  # [A, E] node indices, -1 the root
+            where = torch.full((count, tree.tokens.shape[1]), -1, dtype=torch.long, device=device)
+            where.scatter_(1, expanded, torch.arange(width, device=device).expand(count, width).contiguous())
+            local = torch.where(node_parents >= 0, where.gather(1, node_parents.clamp_min(0)), -1)
+            mask = ancestor_mask(local, to_device([width] * count, device))  # [A, E+1, E+1], root at 0
+            lengths = to_device([committed[slot] for slot in slots], device)
+            positions = lengths[:, None] - 1 + depths(mask)[:, 1:]
+            parent_features = torch.cat([root[:, None], predicted], dim=1).gather(
+                1, (node_parents + 1)[:, :, None].expand(count, width, root.shape[-1]))
+            tokens = tree.tokens.gather(1, expanded)
+            for slot in slots:
+                cache.set_length(slot, committed[slot])
+            columns = torch.arange(width - r, width, device=device)  # the new frontier, last in each row
+            wanted = (torch.arange(count, device=device)[:, None] * width + columns).reshape(-1)
+            batch = ForwardBatch(tokens.reshape(-1), positions.reshape(-1), slots,
+                                 list(range(0, count * width + 1, width)),
+                                 tree_mask=mask[:, 1:, 1:].reshape(count * width, width), logits_rows=wanted,
+                                 hidden_layers=(-1,))
+            batch.input_hidden = self._inputs(parent_features.reshape(-1, root.shape[-1]), tokens.reshape(-1))
+            step = self.layer.forward(batch, cache)
+            grown = root.new_zeros(count, tree.tokens.shape[1], root.shape[-1])
+            grown[:, : predicted.shape[1]] = predicted
+            grown.scatter_(1, frontier[:, :, None].expand(count, r, root.shape[-1]),
+                           step.hidden[:, 0].view(count, r, -1))
+            predicted = grown
+            logprobs = F.log_softmax(step.logits.to(score_dtype), dim=-1).view(count, r, -1)
+        for slot, length in committed.items():
+            cache.set_length(slot, length)
+        tokens, parents, num_draft = prune(tree, [ks[b] for b in rows])
+        index = to_device(rows, device)
+        full_tokens = tokens.new_zeros(len(seqs), tokens.shape[1])
+        full_parents = parents.new_full((len(seqs), parents.shape[1]), -1)
+        full_tokens[index], full_parents[index] = tokens, parents
+        sizes = [0] * len(seqs)
+        for b, n in zip(rows, num_draft):
+            sizes[b] = n
+        return DraftBatch(full_tokens, sizes, parents=full_parents)
