@@ -124,7 +124,7 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
 
 
-def _config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """(target, speculative_config) of ``--speculative-config``; with no ``--model`` the embedded pair's
     target, and its draft for a draft_model config or candidate that names no model."""
     from specdec.assets import require_default_pair
@@ -153,7 +153,7 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     from specdec.drafters import DRAFTERS
 
     if getattr(args, "speculative_config", None) is not None:
-        model, spec = _config_json(args)
+        model, spec = speculative_config_json(args)
         draft = spec.get("model")
         return model, draft if isinstance(draft, str) else None, str(spec.get("method"))
     model, draft, method = args.model, args.speculative_model, args.speculative_method
@@ -206,7 +206,7 @@ def _summary(metrics, method: str, k: int) -> str:
 def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
     """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
     if getattr(args, "speculative_config", None) is not None:
-        return _config_json(args)[1]
+        return speculative_config_json(args)[1]
     if method == PLAIN:
         return None
     config = {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,

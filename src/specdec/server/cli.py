@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.generate_cli import PLAIN, LazyChoices, _method_names, _resolve_models, _speculative_config
+from specdec.generate_cli import (
+    PLAIN,
+    LazyChoices,
+    _method_names,
+    _resolve_models,
+    _speculative_config,
+    speculative_config_json,
+)
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
 
@@ -73,22 +80,7 @@ def _speculative(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None, 
         what = "plain decoding" if spec is None else f"{method}, k={args.num_speculative_tokens}" + (
             f", draft {draft}" if draft else "")
         return model, spec, what
-    if args.speculative_model or args.speculative_method:
-        raise SpecDecError("give either --speculative-config or the --speculative-model/--speculative-method shorthand")
-    try:
-        spec = json.loads(args.speculative_config)
-    except json.JSONDecodeError as exc:
-        raise SpecDecError(f"--speculative-config is not valid JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise SpecDecError(f"--speculative-config must be a JSON object, got {args.speculative_config!r}")
-    model = args.model
-    if model is None:
-        from specdec.assets import require_default_pair
-
-        target, draft = require_default_pair()
-        model = str(target)
-        if spec.get("method", "draft_model") == "draft_model":
-            spec.setdefault("model", str(draft))
+    model, spec = speculative_config_json(args)
     return model, spec, f"speculative_config {json.dumps(spec)}"
 
 
