@@ -78,10 +78,12 @@ class StaticKVPool(KVCache):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype."""
+    """LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype. (The
+    layer functions call torch's operators directly, not their Python wrappers in
+    ``torch.nn.functional``/``Tensor``: on a CPU a small model's step is bound by per-call cost.)"""
     if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
+        return torch.rms_norm(x, weight.shape, weight, eps)
+    return weight * torch.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 def attention_inputs(
@@ -93,11 +95,11 @@ def attention_inputs(
     rows, width = x.shape[:2]
     head_dim = cos.shape[-1]
     qkv = F.linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
-    qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split(
+    qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split_with_sizes(
         (num_heads + num_kv_heads, num_kv_heads), dim=1)
     # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]
     qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
-    q, k = qk.split((num_heads, num_kv_heads), dim=1)
+    q, k = qk.split_with_sizes((num_heads, num_kv_heads), dim=1)
     return q, k, v
 
 
