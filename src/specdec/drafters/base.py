@@ -273,6 +273,17 @@ def draft_probs(reference: torch.Tensor, rows: int, width: int, vocab: int) -> t
     return reference.new_zeros(rows, width, vocab, dtype=dtype)
 
 
+def narrow_rows(keep: list[int], active: list[int], rows: SamplingBatch, *tensors: torch.Tensor
+                ) -> tuple[list[int], SamplingBatch, list[torch.Tensor]]:
+    """Keep the rows at positions ``keep`` of ``active`` (the batch rows still drafting): the kept
+    batch rows, their sampling rows, and each of ``tensors`` ``[A, ...]`` cut to ``[len(keep), ...]``
+    (all unchanged when every row is kept)."""
+    if len(keep) == len(active):
+        return active, rows, list(tensors)
+    part = to_device(keep, tensors[0].device)
+    return [active[j] for j in keep], rows.select(keep), [t[part] for t in tensors]
+
+
 def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor | None, index: torch.Tensor,
                 column: int, tokens: torch.Tensor) -> torch.Tensor:
     """Draft column ``column`` of the rows ``index`` ``[A]`` from their ``logits`` ``[A, V]``: the argmax

@@ -12,6 +12,7 @@ from specdec.drafters.base import (
     SpeculativeConfig,
     draft_probs,
     draw_column,
+    narrow_rows,
     register_drafter,
 )
 from specdec.errors import SpecDecError
@@ -135,18 +136,12 @@ class DraftModelDrafter(Drafter):
                 sure = self._confident(logits, i, ks, active)
                 if not sure:
                     break
-                if len(sure) < len(active):
-                    keep = to_device(sure, self.model.device)
-                    logits, index, rows = logits[keep], index[keep], rows.select(sure)
-                    active = [active[j] for j in sure]
+                active, rows, (logits, index) = narrow_rows(sure, active, rows, logits, index)
             token = draw_column(logits, rows, probs, index, i, tokens)  # every row in ``active`` drafts token i
             still = [j for j, b in enumerate(active) if ks[b] > i + 1]
             if not still:
                 break
-            if len(still) < len(active):
-                keep = to_device(still, self.model.device)
-                token, index, rows = token[keep], index[keep], rows.select(still)
-                active = [active[j] for j in still]
+            active, rows, (token, index) = narrow_rows(still, active, rows, token, index)
             step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], self.cache)
             logits = self.model.forward(step, self.cache).logits
         width = max(ks)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
+from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, narrow_rows, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
@@ -130,10 +130,7 @@ class EagleDrafter(HeadDrafter):
                 still = [j for j, b in enumerate(active) if ks[b] > i + 1]
                 if not still:
                     break
-                if len(still) < len(active):
-                    part = to_device(still, device)
-                    token, feature, index, rows = token[part], feature[part], index[part], rows.select(still)
-                    active = [active[j] for j in still]
+                active, rows, (token, feature, index) = narrow_rows(still, active, rows, token, feature, index)
                 step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], cache)
                 step.hidden_layers = (-1,)
                 step.input_hidden = self._inputs(feature, token)

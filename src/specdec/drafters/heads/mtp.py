@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
+from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, narrow_rows, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module
 from specdec.drafters.heads.modules import MTPModules
 from specdec.models.base import CausalLM, to_device
@@ -55,8 +55,5 @@ class MTPDrafter(HeadDrafter):
             still = [j for j, b in enumerate(active) if ks[b] > i + 1]
             if not still:
                 break
-            if len(still) < len(active):
-                part = to_device(still, device)
-                token, feature, index, rows = token[part], feature[part], index[part], rows.select(still)
-                active = [active[j] for j in still]
+            active, rows, (token, feature, index) = narrow_rows(still, active, rows, token, feature, index)
         return DraftBatch(tokens, ks, probs)
