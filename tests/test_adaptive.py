@@ -8,7 +8,8 @@ greedy equality and sampling exactness with auto k and with the draft's confiden
 """
 
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from specdec import LLM, SamplingParams
 from specdec.adaptive import AdaptiveK, CostModel, FixedK, StepCost, choose_ks, expected_tokens
 from specdec.errors import SpecDecError
+from specdec.metrics import BatchMetrics, RequestMetrics
 
 MAX_K = 8
 
@@ -74,6 +76,7 @@ def test_better_rows_draft_more():
 @dataclass
 class FakeSeq:
     request_id: str
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
 def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: int = 0) -> list[list[int]]:
@@ -113,6 +116,33 @@ def test_policy_switches_off_with_low_acceptance_and_with_costly_verification():
     assert np.mean([sum(ks) == 0 for ks in costly]) > 0.85
     cheap = simulate(0.7, lambda n, w: (0.010 + 0.00001 * n, 0.0), rows=16)[100:]
     assert np.mean([sum(ks) >= 32 for ks in cheap]) > 0.85
+
+
+def test_policy_counts_its_choices():
+    """``k_choices`` (per request and per engine) and the steps with speculation off are exactly what
+    ``choose`` returned, rows that could not draft (limit 0) left out."""
+    policy, batch, rng = AdaptiveK(MAX_K), BatchMetrics(), random.Random(3)
+    policy.bind_metrics(batch)
+    seqs = [FakeSeq("a"), FakeSeq("b"), FakeSeq("c")]
+    expected, per_row, off = Counter(), [Counter() for _ in seqs], 0
+    for step in range(300):
+        limits = [MAX_K, 3, 0 if step % 2 else MAX_K]
+        ks = policy.choose(seqs, limits)
+        for b, (k, limit) in enumerate(zip(ks, limits)):
+            if limit:
+                expected[k] += 1
+                per_row[b][k] += 1
+        off += not any(ks)
+        accepted = [sum(1 for _ in range(k) if rng.random() < 0.15) for k in ks]  # low α: mostly off
+        policy.observe(seqs, ks, accepted, StepCost(3 + sum(ks), max(ks), 0.010, 0.003 * max(ks)))
+    assert batch.k_choices == dict(expected)
+    assert [s.metrics.k_choices for s in seqs] == [dict(c) for c in per_row]
+    assert batch.num_speculation_off_steps == off > 100
+    assert len(batch.k_choices) > 1  # drafting steps (cold start, probes) and plain ones
+    merged = RequestMetrics()
+    for s in seqs:
+        merged.merge(s.metrics)
+    assert merged.k_choices == batch.k_choices
 
 
 def test_fixed_k_respects_limits():

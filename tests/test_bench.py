@@ -107,7 +107,8 @@ def test_catalogue_is_plain_the_drafter_registry_and_the_peers(extra_drafters):
     assert list(catalogue) == ["plain", *DRAFTERS, *PEERS]
     for name, drafter in DRAFTERS.items():
         assert catalogue[name].speculative and not catalogue[name].peer
-        assert catalogue[name].needs_draft == drafter.needs_model
+        assert catalogue[name].needs_draft == (drafter.needs_model or drafter.staged)  # a stage defaults to it
+        assert catalogue[name].needs_config == drafter.staged
         assert drafter.description in catalogue[name].description
     assert catalogue["twin_draft"].needs_draft and not catalogue["lookup_copy"].needs_draft
     assert [s.label for s in expand_methods(["lookup_copy"], [3])] == ["plain", "lookup_copy k=3"]

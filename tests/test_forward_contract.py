@@ -211,6 +211,25 @@ def test_rollback_then_forward_matches_fresh_context(arch_models):
         cache.set_length(0, 6)
 
 
+@pytest.mark.parametrize("slots", [[1], [0, 1]])
+def test_greedy_chain_matches_greedy_decoding(arch_models, slots):
+    """``greedy_chain`` (one row: the fast backend's own loop; two rows: one forward per step) returns
+    each slot's greedy continuation, grows each slot by ``steps`` and leaves entries a forward reads."""
+    _, model, lm, _ = arch_models
+    contexts = {0: [3, 1, 4, 1, 5], 1: [2, 7, 1, 8, 2, 8, 1]}
+    cache = lm.new_cache(2, 32)
+    prefill(lm, cache, {s: contexts[s][:-1] for s in slots})
+    chain = lm.greedy_chain(torch.tensor([contexts[s][-1] for s in slots]), slots, cache, 4)
+    for row, s in zip(chain.tolist(), slots):
+        tokens = list(contexts[s])
+        for _ in range(4):
+            tokens.append(int(reference_chain(model, tokens)[0][-1].argmax()))
+        assert row == tokens[len(contexts[s]):]
+        assert cache.lengths[s] == len(contexts[s]) + 3
+        fed = lm.forward(ForwardBatch.from_rows([[row[-1]]], [cache.lengths[s]], [s], CPU), cache).logits
+        torch.testing.assert_close(fed[0], reference_chain(model, tokens)[0][-1], **TOL)
+
+
 def test_hf_backend_hidden_states_match(arch_models):
     """The transformers path (any architecture) returns the same hidden states for a ragged chain."""
     _, model, _, hf = arch_models

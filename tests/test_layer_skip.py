@@ -109,7 +109,7 @@ def test_claiming_one_layer_too_many_is_caught(model_dirs):
     ({"skip_layers": [-1]}, "skip_layers"),
     ({"skip_layers": [3]}, "skip_layers"),
     ({"skip_layers": [0, 1, 2]}, "at least one"),
-    ({"model": "x"}, "takes no 'model'"),
+    ({"model": "x"}, "not a folder of heads"),
 ])
 def test_bad_layer_skip_config(model_dirs, spec, message):
     with pytest.raises(SpecDecError, match=message):

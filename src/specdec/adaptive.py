@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
 
 AUTO = "auto"
@@ -50,6 +51,9 @@ class FixedK:
 
     def release(self, seq: Sequence) -> None:
         """Nothing is kept per sequence."""
+
+    def bind_metrics(self, metrics: BatchMetrics) -> None:
+        """A fixed k has no choices to count."""
 
 
 @dataclass
@@ -197,6 +201,12 @@ class AdaptiveK:
         self.steps = 0
         self.last_width = 0
         self.last_speedup = 1.0
+        self.metrics: BatchMetrics | None = None
+
+    def bind_metrics(self, metrics: BatchMetrics) -> None:
+        """The engine's aggregate metrics, where the choices are counted (``k_choices``,
+        ``num_speculation_off_steps``) beside each request's own ``k_choices``."""
+        self.metrics = metrics
 
     def _acceptance(self, seq: Sequence) -> Acceptance:
         estimate = self.seqs.get(seq.request_id)
@@ -218,11 +228,22 @@ class AdaptiveK:
         self.steps += 1
         cost = self.cost_model()
         if cost is None:  # cold start: measure a drafting step, then a plain one
-            return limits if self.draft_per_position is None else [0] * len(limits)
+            return self._count(seqs, limits, limits if self.draft_per_position is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
         ks, self.last_speedup = choose_ks(rates, limits, cost)
         if self.steps % self.probe_every == 0:
             ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
+        return self._count(seqs, limits, ks)
+
+    def _count(self, seqs: list[Sequence], limits: list[int], ks: list[int]) -> list[int]:
+        """Count the step's choices (rows that could draft only) in each request's and the engine's metrics."""
+        for s, limit, k in zip(seqs, limits, ks):
+            if limit > 0:
+                s.metrics.k_choices[k] = s.metrics.k_choices.get(k, 0) + 1
+                if self.metrics is not None:
+                    self.metrics.k_choices[k] = self.metrics.k_choices.get(k, 0) + 1
+        if self.metrics is not None and any(limits) and not any(ks):
+            self.metrics.num_speculation_off_steps += 1
         return ks
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:

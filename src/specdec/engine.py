@@ -29,7 +29,7 @@ from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.tree import ancestor_mask, compaction_moves, depths
-from specdec.verify import greedy_accepted, verify_stochastic, verify_tree_greedy, verify_tree_stochastic
+from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Engine:
         self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
         self.cache: KVCache = target.new_cache(num_slots, max_model_len)
         self.metrics = BatchMetrics()
+        self.policy.bind_metrics(self.metrics)
         if drafter is not None:
             drafter.bind_target_cache(self.cache)
             drafter.bind_metrics(self.metrics)
@@ -144,11 +145,16 @@ class Engine:
                 rows = torch.cat([argmax(target_logits), draft.tokens], dim=1).tolist()
                 result = [row[: width + 1] + [greedy_accepted(row, row[width + 1 :], n)]
                           for row, n in zip(rows, draft.num_draft)]
+                node_argmax = [row[: width + 1] for row in rows] if self.drafter.wants_node_argmax else []
             else:
                 output, num_accepted, path = self._verify(draft, target_logits, sampling)
-                # The step's one host sync: every row's emitted tokens, accepted node indices (trees), count.
-                result = torch.cat([output, *([] if path is None else [path]), num_accepted[:, None]],
-                                   dim=1).tolist()
+                # The step's one host sync: the target's argmax after every fed token (for a drafter that
+                # reads it), every row's emitted tokens, accepted node indices (trees), count.
+                extra = [argmax(target_logits)] if self.drafter.wants_node_argmax else []
+                read = torch.cat([*extra, output, *([] if path is None else [path]), num_accepted[:, None]],
+                                 dim=1).tolist()
+                cut = (width + 1) * len(extra)
+                node_argmax, result = [row[:cut] for row in read], [row[cut:] for row in read]
         if draft is not None and draft.parents is not None:  # accepted node indices per row
             paths = [row[width + 1 : width + 1 + row[-1]] for row in result]
         else:  # a chain's accepted nodes are its first drafts
@@ -180,6 +186,9 @@ class Engine:
                 self.drafter.observe_hidden([s for s, _ in going_on], [
                     forward.hidden[[cu[b] + j for j in (0, *(p + 1 for p in paths[b]))]]
                     for b, s in enumerate(seqs) if not s.finished])
+            if going_on and width > 0 and self.drafter.wants_node_argmax:
+                self.drafter.observe_node_argmax([s for s, _ in going_on],
+                                                 [r for s, r in zip(seqs, node_argmax) if not s.finished])
             if going_on and draft is not None and draft.parents is not None:
                 self.drafter.observe_paths([s for s, _ in going_on], [p for s, p in zip(seqs, paths) if not s.finished])
             if going_on:
@@ -230,18 +239,11 @@ class Engine:
         """Exact verification of sampled chains, and of greedy or sampled trees (greedy chains are
         matched on the host in :meth:`step`): ``(output [B, K+1], num_accepted [B], path [B, K] or
         None)``; a chain's path (None) is its first ``num_accepted`` columns."""
-        device, width = target_logits.device, draft.tokens.shape[1]
-        num_draft = to_device(draft.num_draft, device)
-        tree = draft.parents is not None
         if sampling.all_greedy:  # a tree
+            num_draft = to_device(draft.num_draft, target_logits.device)
             return verify_tree_greedy(draft.tokens, draft.parents, num_draft, target_logits)
-        probs = sampling.probs(target_logits)
-        uniforms = sampling.uniforms(draft.num_draft, width, device, probs.dtype)
-        noise = sampling.noise(probs[:, 0])
-        if tree:
-            return verify_tree_stochastic(draft.tokens, draft.parents, num_draft, draft.probs, probs, uniforms, noise)
-        output, num_accepted = verify_stochastic(draft.tokens, num_draft, draft.probs, probs, uniforms, noise)
-        return output, num_accepted, None
+        return verify_sampled(draft.tokens, draft.num_draft, draft.probs, draft.parents,
+                              sampling.probs(target_logits), sampling)
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
         m = self.metrics

@@ -126,7 +126,7 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
 
 def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """(target, speculative_config) of ``--speculative-config``; with no ``--model`` the embedded pair's
-    target, and its draft for a draft_model config or candidate that names no model."""
+    target, and its draft for a draft_model config, candidate or stage that names no model."""
     from specdec.assets import require_default_pair
 
     if args.speculative_model is not None or args.speculative_method is not None:
@@ -140,8 +140,8 @@ def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, An
     if args.model is not None:
         return args.model, spec
     target, draft = require_default_pair()
-    candidates = spec.get("candidates")
-    for config in [spec, *(candidates if isinstance(candidates, list) else [])]:
+    nested = [spec.get(name) for name in ("candidates", "stages")]  # auto's candidates, cascade's stages
+    for config in [spec, *(c for configs in nested if isinstance(configs, list) for c in configs)]:
         if isinstance(config, dict) and config.get("method") == DEFAULT_WITH_DRAFT:
             config.setdefault("model", str(draft))
     return str(target), spec

@@ -17,6 +17,11 @@ class RequestMetrics:
     ``time_other`` (verification, cache rollback, stop handling, bookkeeping).
     ``drafter_choices``: with ``method="auto"``, how many steps each candidate drafted for the request
     (by label: its method, ``method#i`` for the ``i``-th candidate when a method is listed twice).
+    ``inner_steps``, ``inner_draft_tokens``, ``inner_accepted_tokens``: with ``method="cascade"``, the inner
+    stage: the middle model's forwards, the small model's draft tokens it verified and those it accepted
+    (the outer stage, the middle model's tokens verified by the target, is ``num_draft_tokens`` and
+    ``num_accepted_tokens``). ``k_choices``: with ``num_speculative_tokens="auto"``, the steps on which the
+    policy chose each k for the request (``{k: steps}``, 0 = no drafts).
     """
 
     num_prompt_tokens: int = 0
@@ -32,6 +37,10 @@ class RequestMetrics:
     time_target: float = 0.0
     time_other: float = 0.0
     drafter_choices: dict[str, int] = field(default_factory=dict)
+    inner_steps: int = 0
+    inner_draft_tokens: int = 0
+    inner_accepted_tokens: int = 0
+    k_choices: dict[int, int] = field(default_factory=dict)
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """Count one step that drafted ``num_drafted``, accepted ``num_accepted`` and emitted ``num_emitted``."""
@@ -71,6 +80,11 @@ class RequestMetrics:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
     @property
+    def inner_acceptance_rate(self) -> float:
+        """α of a cascade's inner stage: small-model drafts accepted by the middle model / drafted (0.0 if none)."""
+        return self.inner_accepted_tokens / self.inner_draft_tokens if self.inner_draft_tokens else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         """Generated tokens / wall time of the request, prefill included."""
         return self.num_generated_tokens / self.time_total if self.time_total > 0 else 0.0
@@ -79,7 +93,7 @@ class RequestMetrics:
         """Add another request's counters and timers into this one (for aggregates)."""
         for name in ("num_prompt_tokens", "num_generated_tokens", "num_steps", "num_drafts",
                      "num_draft_tokens", "num_accepted_tokens", "time_prefill", "time_drafting",
-                     "time_target", "time_other"):
+                     "time_target", "time_other", "inner_steps", "inner_draft_tokens", "inner_accepted_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
                              (self.drafted_per_position, other.drafted_per_position)):
@@ -88,6 +102,8 @@ class RequestMetrics:
                 mine[i] += value
         for label, count in other.drafter_choices.items():
             self.drafter_choices[label] = self.drafter_choices.get(label, 0) + count
+        for k, count in other.k_choices.items():
+            self.k_choices[k] = self.k_choices.get(k, 0) + count
 
     def to_dict(self) -> dict:
         """Counters, timers and derived rates as a JSON-ready dict."""
@@ -97,6 +113,7 @@ class RequestMetrics:
             mean_acceptance_length=self.mean_acceptance_length,
             acceptance_rate=self.acceptance_rate,
             acceptance_rate_per_position=self.acceptance_rate_per_position,
+            inner_acceptance_rate=self.inner_acceptance_rate,
             tokens_per_second=self.tokens_per_second,
         )
         return data
@@ -109,7 +126,11 @@ class BatchMetrics:
     ``num_rows`` sums the batch size of every step (``mean_batch_size`` = rows / steps);
     times are seconds per stage, summed over steps (CUDA events on a GPU, so each stage's
     asynchronous work is charged to that stage). ``drafter_choices``: with ``method="auto"``, the
-    rows each candidate drafted for, summed over steps (see :class:`RequestMetrics`).
+    rows each candidate drafted for, summed over steps (see :class:`RequestMetrics`). ``inner_*``: a
+    cascade's inner stage, summed over requests (see :class:`RequestMetrics`). ``k_choices``: with
+    ``num_speculative_tokens="auto"``, the rows the policy gave each k, summed over steps;
+    ``num_speculation_off_steps``: the steps on which it drafted for no row though some row could have
+    (predicted speedup below 1, and its cold-start and probe steps).
     """
 
     num_steps: int = 0
@@ -122,6 +143,11 @@ class BatchMetrics:
     time_target: float = 0.0
     time_other: float = 0.0
     drafter_choices: dict[str, int] = field(default_factory=dict)
+    inner_steps: int = 0
+    inner_draft_tokens: int = 0
+    inner_accepted_tokens: int = 0
+    k_choices: dict[int, int] = field(default_factory=dict)
+    num_speculation_off_steps: int = 0
 
     @property
     def mean_batch_size(self) -> float:

@@ -65,9 +65,15 @@ Tree functions return ``(output_tokens [B, K+1], num_accepted [B], path [B, K])`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specdec.argmax import argmax
+from specdec.models.base import to_device
+
+if TYPE_CHECKING:
+    from specdec.sampling import SamplingBatch
 
 
 def _pad_after(tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
@@ -242,3 +248,29 @@ def verify_tree_stochastic(
     emitted = torch.zeros(batch, k + 1, dtype=torch.long, device=draft_tokens.device)
     emitted[rows, current] = next_token
     return _tree_outputs(draft_tokens, emitted, mask, (current - 1).clamp_min(0), num_accepted)
+
+
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    num_draft: list[int],
+    draft_probs: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    sampling: SamplingBatch,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Exact verification of a sampled step, chains (``parents`` None) or trees, with each row's random
+    numbers drawn from its own generator (``sampling``): its uniforms first, then its noise.
+
+    ``draft_tokens`` ``[B, K]``, ``num_draft`` ``[B]`` host ints, ``draft_probs`` ``[B, K, V]`` or None,
+    ``target_probs`` ``[B, K+1, V]`` (``sampling.probs`` of the target's logits). Returns ``(output [B, K+1],
+    num_accepted [B], path [B, K] or None)``; a chain's path (None) is its first ``num_accepted`` columns.
+    The engine verifies every sampled step with it, and the cascade's middle model its inner drafts.
+    """
+    device, width = draft_tokens.device, draft_tokens.shape[1]
+    uniforms = sampling.uniforms(num_draft, width, device, target_probs.dtype)
+    noise = sampling.noise(target_probs[:, 0])
+    counts = to_device(num_draft, device)
+    if parents is not None:
+        return verify_tree_stochastic(draft_tokens, parents, counts, draft_probs, target_probs, uniforms, noise)
+    output, num_accepted = verify_stochastic(draft_tokens, counts, draft_probs, target_probs, uniforms, noise)
+    return output, num_accepted, None

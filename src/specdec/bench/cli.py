@@ -6,9 +6,11 @@ torch, transformers and matplotlib are imported inside the handler so that the C
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from specdec.bench.harness import BenchSettings, run_benchmark
 from specdec.bench.methods import PEERS, REFERENCE, expand_methods, methods
@@ -93,6 +95,15 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         default=1,
         help="methods that propose trees (see the README) propose up to this many candidate "
         "continuations per step, k being the tree's node budget; chain methods ignore it (default 1: chains)",
+    )
+    group.add_argument(
+        "--method-config",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="speculative_config fields for one method, e.g. 'suffix={\"suffix_factor\": 2}' (a method of "
+        "--methods), or a further configuration under a new label, e.g. "
+        "'early_exit={\"method\": \"layer_skip\", \"early_exit\": true}'; repeatable",
     )
     group.add_argument(
         "--prompt-lookup-min",
@@ -238,13 +249,33 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--max-model-len must be at least 2, got {args.max_model_len}")
 
 
+def _method_configs(values: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--method-config NAME=JSON`` values by NAME (each JSON an object)."""
+    configs: dict[str, dict[str, Any]] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise SpecDecError(f"--method-config takes NAME=JSON, got {value!r}")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecDecError(f"--method-config {name}: not valid JSON ({exc})") from None
+        if not isinstance(config, dict):
+            raise SpecDecError(f"--method-config {name}: JSON must be an object, got {text!r}")
+        if name in configs:
+            raise SpecDecError(f"--method-config {name} is given twice")
+        configs[name] = config
+    return configs
+
+
 def _method_names(args: argparse.Namespace, has_draft: bool) -> list[str]:
     if args.methods is not None:
         names = split_names(args.methods)
         if not names:
             raise SpecDecError("--methods is empty")
         return names
-    names = list(methods())
+    names = [n for n in methods() if not methods()[n].needs_config]  # those run only with --method-config
     if not has_draft:
         dropped = [n for n in names if methods()[n].needs_draft]
         print(f"specdec bench: no draft model, skipping {', '.join(dropped)}", file=sys.stderr)
@@ -267,7 +298,7 @@ def run_bench(args: argparse.Namespace) -> int:
         args.max_tokens, args.temperature, tuple(seeds), args.repeats, args.warmup, batch_sizes=tuple(batch_sizes)
     )
     source = resolve_source(args)
-    specs = expand_methods(_method_names(args, source.has_draft), ks)
+    specs = expand_methods(_method_names(args, source.has_draft), ks, _method_configs(args.method_config))
     if any(s.kind.peer for s in specs) and 1 not in settings.batch_sizes:
         print("specdec bench: transformers peers run at batch 1 only, which is not swept", file=sys.stderr)
     print(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +27,14 @@ REFERENCE = "plain"
 
 @dataclass(frozen=True)
 class MethodKind:
-    """What a method is: run once per k (``speculative``), needs a draft model, is a transformers peer."""
+    """What a method is: run once per k (``speculative``), needs a draft model, is a transformers peer,
+    runs only as a ``--method-config`` (``needs_config``: a staged method such as cascade needs its stages)."""
 
     description: str
     speculative: bool = False
     needs_draft: bool = False
     peer: bool = False
+    needs_config: bool = False
 
 
 PEERS: dict[str, MethodKind] = {
@@ -66,8 +68,9 @@ def methods() -> dict[str, MethodKind]:
 
     catalogue = {REFERENCE: MethodKind("specdec plain decoding (the reference)")}
     for name, drafter in DRAFTERS.items():
-        catalogue[name] = MethodKind(
-            f"specdec, {drafter.description}", speculative=True, needs_draft=drafter.needs_model
+        catalogue[name] = MethodKind(  # a staged method's stages default to the run's draft
+            f"specdec, {drafter.description}", speculative=True, needs_draft=drafter.needs_model or drafter.staged,
+            needs_config=drafter.staged,
         )
     clash = sorted(set(catalogue) & set(PEERS))
     if clash:
@@ -77,10 +80,14 @@ def methods() -> dict[str, MethodKind]:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One benchmarked configuration: a method name and, for speculative methods, its k."""
+    """One benchmarked configuration: a method name and, for speculative methods, its k; ``name``: its
+    label when it is not the method's (a second configuration of a method), ``overrides``: fields of
+    its ``speculative_config`` set by ``bench --method-config``."""
 
     method: str
     k: int | str | None = None
+    name: str | None = None
+    overrides: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         catalogue = methods()
@@ -91,15 +98,22 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
-        return self.method if self.k is None else f"{self.method} k={self.k}"
+        name = self.name or self.method
+        return name if self.k is None else f"{name} k={self.k}"
 
     @property
     def kind(self) -> MethodKind:
         return methods()[self.method]
 
 
-def expand_methods(names: Sequence[str], ks: Sequence[int]) -> list[MethodSpec]:
-    """One spec per non-speculative method and one per (speculative method, k); ``plain`` always first."""
+def expand_methods(names: Sequence[str], ks: Sequence[int],
+                   configs: dict[str, dict[str, Any]] | None = None) -> list[MethodSpec]:
+    """One spec per non-speculative method and one per (speculative method, k); ``plain`` always first.
+
+    ``configs`` (``bench --method-config NAME=JSON``): for a speculative method of ``names``, fields
+    that override its ``speculative_config``; for any other NAME, a further configuration labelled
+    NAME whose JSON names its ``method`` (a registered drafter), run per k after the named methods.
+    The fields are validated where every speculative_config is (when the run builds its ``LLM``)."""
     from specdec.adaptive import AUTO
     from specdec.drafters.base import MAX_SPECULATIVE_TOKENS
 
@@ -112,14 +126,29 @@ def expand_methods(names: Sequence[str], ks: Sequence[int]) -> list[MethodSpec]:
     bad = [k for k in ks if k != AUTO and not (isinstance(k, int) and 1 <= k <= MAX_SPECULATIVE_TOKENS)]
     if bad:
         raise SpecDecError(f"k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {bad}")
+    configs = configs or {}
     specs = [MethodSpec(REFERENCE)]
     for name in dict.fromkeys(names):
         if name == REFERENCE:
             continue
         if catalogue[name].speculative:
-            specs.extend(MethodSpec(name, k) for k in dict.fromkeys(ks))
+            specs.extend(MethodSpec(name, k, overrides=configs.get(name)) for k in dict.fromkeys(ks))
         else:
             specs.append(MethodSpec(name))
+    for name, config in configs.items():
+        if name in catalogue:
+            if name not in names or not catalogue[name].speculative or catalogue[name].peer:
+                raise SpecDecError(f"--method-config {name}: {name!r} is not a speculative method of --methods")
+            if config.get("method", name) != name:
+                raise SpecDecError(f"--method-config {name}: its 'method' must be {name!r}, or a new label")
+            continue
+        method = config.get("method")
+        if not isinstance(method, str) or method not in catalogue or not catalogue[method].speculative \
+                or catalogue[method].peer:
+            raise SpecDecError(f"--method-config {name}: a new label needs a 'method' naming a speculative method "
+                               f"of specdec, got {method!r}")
+        fields = {key: value for key, value in config.items() if key != "method"}
+        specs.extend(MethodSpec(method, k, name=name, overrides=fields) for k in dict.fromkeys(ks))
     return specs
 
 

@@ -31,6 +31,9 @@ NOTES = (
     "(time_target / steps) from specdec's metrics (for draft_model: one draft forward / one target "
     "verification forward), or measured directly where marked.",
     "predicted = (1 - α^(k+1)) / ((1 - α)(k c + 1)); efficiency = speedup / predicted.",
+    "inner α (cascade) = the middle model's accepted / the small model's drafted tokens (α is then the target's "
+    "acceptance of the middle model's tokens); auto k = the auto-k policy's mean k over request steps, and the "
+    "share of steps it drafted nothing for the request (only columns some row fills are shown).",
     "roofline (plain decoding, when the memory bandwidth is known) = parameter bytes × steps/s / bandwidth, "
     "a step emitting one token per request; KV-cache reads are left out.",
     "ideal (draft equal to the target, batch 1) = (k+1) / (k + t(k+1)/t(1)), t(n) the median time of one "
@@ -53,6 +56,8 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
         f"{r.speedup_median:.2f}x ({r.speedup_min:.2f}–{r.speedup_max:.2f})"),
     ("τ", lambda r: _num(r.tau, 2)),
     ("α", lambda r: _num(r.alpha, 3)),
+    ("inner α", lambda r: _num(r.inner_alpha, 3)),
+    ("auto k", lambda r: _k_choices(r.k_choices)),
     ("c", lambda r: _num(r.cost_ratio, 3)),
     ("predicted", lambda r: _num(r.predicted_speedup, 2, "x")),
     ("efficiency", lambda r: _num(r.efficiency, 2)),
@@ -61,12 +66,22 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
     ("mismatches", lambda r: "" if r.mismatches is None else
         f"{r.mismatches}/{r.checked}" + (f" ({r.ties} ties)" if r.ties else "")),
 )
-OPTIONAL_COLUMNS = {"roofline": lambda r: r.roofline, "ideal": lambda r: r.ideal_speedup}
+OPTIONAL_COLUMNS = {"roofline": lambda r: r.roofline, "ideal": lambda r: r.ideal_speedup,
+                    "inner α": lambda r: r.inner_alpha, "auto k": lambda r: r.k_choices}
 """Columns shown only when some row has a value."""
 
 
 def _num(value: float | None, digits: int, suffix: str = "") -> str:
     return "" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _k_choices(choices: dict[int, int] | None) -> str:
+    """The auto-k policy's choices of a row: mean k over request steps, and the share with speculation off."""
+    steps = sum(choices.values()) if choices else 0
+    if not steps:
+        return ""
+    mean = sum(k * n for k, n in choices.items()) / steps
+    return f"{mean:.1f} ({100 * choices.get(0, 0) / steps:.0f}% off)"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

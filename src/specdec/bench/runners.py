@@ -85,6 +85,18 @@ def _takes_candidate(method: str, candidate: dict[str, Any]) -> bool:
     return True
 
 
+def _shared_draft_stages(config: dict[str, Any], draft: PreTrainedModel | None) -> dict[str, Any]:
+    """``config`` with the run's loaded draft (in its own dtype) in each draft_model stage that names no model:
+    a staged method's (cascade's) middle stage is by default the run's draft."""
+    stages = config.get("stages")
+    if draft is None or not isinstance(stages, list):
+        return config
+    shared = {"model": draft, "dtype": str(draft.dtype).removeprefix("torch.")}
+    filled = [{**shared, **stage} if isinstance(stage, dict) and stage.get("method") == "draft_model"
+              and "model" not in stage else stage for stage in stages]
+    return {**config, "stages": filled}
+
+
 def _describe_value(value: Any) -> Any:
     """A JSON-ready stand-in: a loaded model by its folder, a path or dtype as text, a nested
     configuration (an auto method's candidates) as a dict."""
@@ -264,5 +276,6 @@ def build_runners(
         elif not spec.kind.speculative:  # plain decoding
             runners.append(SpecDecRunner(spec, llm(None)))
         else:
-            runners.append(SpecDecRunner(spec, llm(config(spec.method, spec.k, options.num_candidates))))
+            settings = {**config(spec.method, spec.k, options.num_candidates), **(spec.overrides or {})}
+            runners.append(SpecDecRunner(spec, llm(_shared_draft_stages(settings, assistant))))
     return runners

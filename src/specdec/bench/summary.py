@@ -11,7 +11,9 @@ counted once, whatever the number of requests in it):
   call cannot drag the way it drags the totals; ``tokens_per_second_spread`` is the max / min of
   the per-request tok/s, and plain decoding's (which does the same work per token on every
   prompt) above :data:`UNRELIABLE_SPREAD` marks the timings as unreliable;
-- τ and α come from the merged :class:`~specdec.metrics.RequestMetrics`;
+- τ and α come from the merged :class:`~specdec.metrics.RequestMetrics`, and so do a cascade's inner α (the
+  middle model's acceptance of the small model's drafts) and, with ``"auto"`` k, the policy's choices
+  (``k_choices``: steps per chosen k, 0 = speculation off for the request's step);
 - the cost ratio ``c = (time_drafting / num_draft_tokens) / (time_target / num_steps)``, the
   drafting time per drafted token over the target time per step. For ``draft_model`` each
   drafted token costs one draft forward, so c is one draft forward over one target
@@ -115,6 +117,8 @@ class SummaryRow:
     speedup_min: float | None = None
     speedup_max: float | None = None
     tokens_per_second_spread: float | None = None
+    inner_alpha: float | None = None
+    k_choices: dict[int, int] | None = None
 
 
 def _prompt_key(m: Measurement) -> tuple:
@@ -221,6 +225,8 @@ def _row(
         speedup_min=min(per_prompt, default=None),
         speedup_max=max(per_prompt, default=None),
         tokens_per_second_spread=spread,
+        inner_alpha=merged.inner_acceptance_rate if merged is not None and merged.inner_draft_tokens else None,
+        k_choices=dict(sorted(merged.k_choices.items())) if merged is not None and merged.k_choices else None,
     )
 
 

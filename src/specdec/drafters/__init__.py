@@ -1,6 +1,15 @@
 """Drafting methods, registered by name. Importing this package registers the built-in ones."""
 
-from specdec.drafters import auto, draft_model, heads, layer_skip, ngram, suffix  # noqa: F401  (registration)
+from specdec.drafters import (  # noqa: F401  (registration)
+    auto,
+    cascade,
+    draft_model,
+    heads,
+    layer_skip,
+    lookahead,
+    ngram,
+    suffix,
+)
 from specdec.drafters.base import (
     DRAFTERS,
     DraftBatch,

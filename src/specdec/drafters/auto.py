@@ -20,7 +20,7 @@ the tokens it has not seen (a draft model's forward over them): a switch is ther
 and the row stays on the new candidate for one more step, which is.
 
 Candidates must propose chains without the target's hidden states: tree drafters
-(``num_candidates > 1``) and drafters that run the target's own layers (``layer_skip``) are
+(``num_candidates > 1``, ``lookahead``) and drafters that run the target's own layers (``layer_skip``) are
 rejected by validation.
 """
 
@@ -197,6 +197,9 @@ class AutoDrafter(Drafter):
             if c.num_candidates > 1:
                 raise SpecDecError(f"auto candidate {i} ({c.method}) drafts trees (num_candidates > 1): auto combines "
                                    "chain drafters only")
+            if kind.wants_node_argmax:
+                raise SpecDecError(f"auto candidate {i} ({c.method}) drafts trees that read the target's argmax at "
+                                   "every node: auto combines chain drafters only")
             if kind.bind_target_cache is not Drafter.bind_target_cache:
                 raise SpecDecError(f"auto candidate {i} ({c.method}) runs the target's own layers, which cannot share "
                                    "a verification step with other drafters")

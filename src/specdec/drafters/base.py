@@ -47,10 +47,17 @@ class SpeculativeConfig:
     at most ``suffix_factor`` x match length x (1 + log2 of the continuation's count), and stops
     where fewer than ``suffix_min_prob`` of the matches agree with it (suffix). ``skip_layers``:
     the target's decoder layers the layer_skip draft leaves out (None: chosen by calibration).
+    ``early_exit``: layer_skip's trained form, an adapter after an early exit layer (its ``model``
+    folder from ``specdec train early-exit``; with no ``model``, the adapter shipped for the embedded
+    target); a ``model`` given to layer_skip implies it.
     ``num_candidates``: a method with tree drafts proposes up to this many different
     continuations per step as a tree (1: a chain); ``num_speculative_tokens`` is then the most
     tree nodes per step. ``candidates``: the speculative configs (dicts or ``SpeculativeConfig``) a
-    composite method (``"auto"``) chooses among, each validated as a config of its own.
+    composite method (``"auto"``) chooses among, each validated as a config of its own. ``stages``: the
+    speculative configs a staged method (``"cascade"``) chains, smallest first, validated the same way.
+    ``lookahead_window`` (W), ``lookahead_ngram`` (N) and ``lookahead_guesses`` (G): lookahead's
+    Jacobi window length, n-gram size (the window keeps N - 1 iterations of its trajectory) and
+    most pooled n-grams per first token, which are also the most verification candidates per step.
     """
 
     method: str
@@ -65,8 +72,13 @@ class SpeculativeConfig:
     suffix_factor: float = 1.0
     suffix_min_prob: float = 0.1
     skip_layers: list[int] | None = None
+    early_exit: bool = False
     num_candidates: int = 1
     candidates: list[Any] | None = None
+    stages: list[Any] | None = None
+    lookahead_window: int = 2
+    lookahead_ngram: int = 4
+    lookahead_guesses: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -95,18 +107,21 @@ class SpeculativeConfig:
             raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
             raise SpecDecError(f"a draft 'dtype' is a name such as 'float32', got {self.dtype!r}")
-        if self.candidates is not None:
-            if not DRAFTERS[self.method].composite:
-                raise SpecDecError(f"speculative method {self.method!r} takes no 'candidates'")
-            if not isinstance(self.candidates, list):
-                raise SpecDecError(f"'candidates' must be a list of speculative configs, got {self.candidates!r}")
+        for name, kind, allowed in (("candidates", "candidate", "composite"), ("stages", "stage", "staged")):
+            nested = getattr(self, name)
+            if nested is None:
+                continue
+            if not getattr(DRAFTERS[self.method], allowed):
+                raise SpecDecError(f"speculative method {self.method!r} takes no {name!r}")
+            if not isinstance(nested, list):
+                raise SpecDecError(f"{name!r} must be a list of speculative configs, got {nested!r}")
             configs = []
-            for i, c in enumerate(self.candidates):
+            for i, c in enumerate(nested):
                 try:
                     configs.append(c if isinstance(c, SpeculativeConfig) else SpeculativeConfig.from_dict(c))
                 except SpecDecError as exc:
-                    raise SpecDecError(f"{self.method} candidate {i}: {exc}") from None
-            self.candidates = configs
+                    raise SpecDecError(f"{self.method} {kind} {i}: {exc}") from None
+            setattr(self, name, configs)
         DRAFTERS[self.method].check_config(self)
 
     @property
@@ -218,6 +233,11 @@ class Drafter(ABC):
     hidden_layers: ClassVar[tuple[int, ...]] = ()
     #: Whether the method combines the drafters of ``speculative_config["candidates"]``.
     composite: ClassVar[bool] = False
+    #: Whether the method chains the drafters of ``speculative_config["stages"]``.
+    staged: ClassVar[bool] = False
+    #: Whether the method reads the target's argmax at every fed position of its drafts; the engine then
+    #: hands it over through ``observe_node_argmax``.
+    wants_node_argmax: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -241,6 +261,12 @@ class Drafter(ABC):
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         """Learn the step's outcome: ``num_accepted[b]`` drafts of row ``b`` were kept and
         ``token_ids`` is the new committed context. Roll back any state built on rejected drafts."""
+
+    def observe_node_argmax(self, seqs: list[Sequence], argmax_rows: list[list[int]]) -> None:  # noqa: B027
+        """With ``wants_node_argmax``, after a step with drafts, just before ``observe_paths`` and ``observe``
+        with the same rows: ``argmax_rows[b]`` ``[K+1]`` is the target's argmax after each token row ``b`` fed,
+        in the fed frame (column 0 after the pending token, column ``i + 1`` after draft or node ``i``;
+        columns past the row's drafts are padding)."""
 
     def observe_paths(self, seqs: list[Sequence], paths: list[list[int]]) -> None:  # noqa: B027 - optional hook
         """After a tree step, just before ``observe`` with the same rows: ``paths[b]`` holds the node

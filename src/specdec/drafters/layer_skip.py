@@ -1,9 +1,16 @@
 """Self-speculation by layer skipping: the target drafts with a subset of its own layers and its
-own head, and verifies with all of them, reusing what the draft computed that is its own."""
+own head, and verifies with all of them, reusing what the draft computed that is its own.
+
+Two forms: training-free (a skip set chosen by calibration, or given) and trained early exit (the
+first ``L`` layers, a small adapter from ``specdec train early-exit``, the target's final norm and
+head; :class:`~specdec.drafters.heads.modules.EarlyExitAdapter`)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
+from torch import nn
 
 from specdec.argmax import argmax
 from specdec.drafters.base import (
@@ -14,6 +21,8 @@ from specdec.drafters.base import (
     draft_probs,
     register_drafter,
 )
+from specdec.drafters.heads.common import EARLY_EXIT, load_module, load_spec_and_state, resolve_folder, target_weights
+from specdec.drafters.heads.modules import EarlyExitAdapter
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.sampling import SamplingBatch
@@ -63,13 +72,21 @@ class LayerSkipDrafter(Drafter):
     :func:`candidate_skip_sets` by :func:`predicted_speedup` from each set's greedy agreement with
     the full model over the longest prompt added (teacher-forced, one forward per set).
     Sampled rows draw drafts from the draft's own distribution ``q`` (returned for verification).
+
+    The trained early-exit form (``early_exit``, or a ``model`` folder) is the skip set ``L..n-1``
+    with ``adapter`` applied to layer ``L - 1``'s output before the target's final norm and head
+    (:attr:`~specdec.models.base.ForwardBatch.exit_adapter`); everything else is the same, so
+    verification runs only layers ``L..``.
     """
 
     method = "layer_skip"
-    description = "self-speculation: the target drafts with a subset of its layers (skip set by calibration)"
+    description = ("self-speculation: the target drafts with a subset of its layers (skip set by calibration), "
+                   "or an early exit with a trained adapter")
+    optional_model = True
 
-    def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int) -> None:
-        self.target, self.k = target, k
+    def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int, adapter: nn.Module | None = None
+                 ) -> None:
+        self.target, self.k, self.adapter = target, k, adapter
         self.cache: KVCache | None = None
         self.skip: tuple[int, ...] | None = None
         self.calibration: dict[tuple[int, ...], float] = {}
@@ -78,12 +95,16 @@ class LayerSkipDrafter(Drafter):
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
-        if config.model is not None:
-            raise SpecDecError("speculative method 'layer_skip' takes no 'model': the trained early-exit form "
-                               "is not implemented; the training-free form drafts with the target's own layers")
+        if not isinstance(config.early_exit, bool):
+            raise SpecDecError(f"early_exit must be true or false, got {config.early_exit!r}")
+        if config.model is not None and not isinstance(config.model, (str, os.PathLike)):
+            raise SpecDecError("speculative method 'layer_skip' takes as 'model' a folder with an early-exit adapter "
+                               f"(`specdec train early-exit`), got {type(config.model).__name__}")
         skip = config.skip_layers
         if skip is None:
             return
+        if config.early_exit or config.model is not None:
+            raise SpecDecError("layer_skip's early exit takes no skip_layers: its adapter's exit layer sets them")
         if (not isinstance(skip, (list, tuple)) or not skip
                 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in skip)
                 or len(set(skip)) != len(skip)):
@@ -95,6 +116,8 @@ class LayerSkipDrafter(Drafter):
             raise SpecDecError(f"speculative method 'layer_skip' needs the fast backend (Llama, Qwen2, Mistral); "
                                f"{target.name!r} runs on {type(target).__name__}")
         n = target.num_layers
+        if config.early_exit or config.model is not None:
+            return cls._early_exit(config, target)
         skip = config.skip_layers
         if skip is not None and (max(skip) >= n or len(skip) >= n):
             raise SpecDecError(f"skip_layers {list(skip)} must leave at least one of the target's {n} layers "
@@ -102,6 +125,20 @@ class LayerSkipDrafter(Drafter):
         if skip is None and not candidate_skip_sets(n):
             raise SpecDecError(f"layer_skip needs a target with at least 2 layers, {target.name!r} has {n}")
         return cls(target, tuple(sorted(skip)) if skip is not None else None, config.max_k)
+
+    @classmethod
+    def _early_exit(cls, config: SpeculativeConfig, target: CausalLM) -> LayerSkipDrafter:
+        """The trained form: the adapter folder ``config.model`` (None: the one shipped for the embedded target)."""
+        _, lm_head = target_weights(target)
+        folder = resolve_folder(config.model, EARLY_EXIT, lm_head, target.name)
+        spec, state = load_spec_and_state(folder, EARLY_EXIT, lm_head, target.name)
+        n = target.num_layers
+        if not 1 <= spec.exit_layer < n:
+            raise SpecDecError(f"the early-exit adapter in {str(folder)!r} exits after layer {spec.exit_layer}, "
+                               f"outside 1..{n - 1} for the {n} layers of {target.name!r}")
+        adapter = EarlyExitAdapter(spec.hidden_size, spec.intermediate_size, spec.rms_norm_eps)
+        adapter = load_module(adapter.to(target.device, target.dtype), state, folder)
+        return cls(target, tuple(range(spec.exit_layer, n)), config.max_k, adapter)
 
     def _use(self, skip: tuple[int, ...]) -> None:
         n = self.target.num_layers
@@ -161,7 +198,7 @@ class LayerSkipDrafter(Drafter):
         for i in range(width + 1):
             # Every row in ``active`` feeds its token i (the pending token, then its drafts).
             batch = ForwardBatch.one_token_per_row(feed, [slots[b] for b in active], cache)
-            batch.layers = self.run_layers
+            batch.layers, batch.exit_adapter = self.run_layers, self.adapter
             batch.hidden_layers = (self.reuse,) if self.remaining is not None else ()
             out = target.forward(batch, cache)
             index = to_device(active, device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
-from specdec.drafters.suffix_index import TokenIndex, propose
+from specdec.drafters.suffix_index import TokenIndex, propose, propose_tree
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingBatch
@@ -23,15 +23,20 @@ class SuffixDrafter(Drafter):
     shared cache changes only in ``release``, between steps, so every row of a step reads the
     same cache whatever else runs. Each step a row proposes the most frequent continuation of
     its context's longest matched suffix (:func:`~specdec.drafters.suffix_index.propose`), up to
-    its k; deterministic, verified with a one-hot ``q``. Tree-shaped proposals (several
-    continuations at once) wait for tree verification; until then a row drafts one chain.
+    its k; deterministic, verified with a one-hot ``q``. With ``num_candidates`` r > 1 a row proposes
+    a tree instead: the continuations of that suffix, each node keeping its r most frequent
+    children, the most frequent nodes first up to k nodes
+    (:func:`~specdec.drafters.suffix_index.propose_tree`), verified as a tree (fast backend only).
     """
 
     method = "suffix"
     description = "suffix cache: continuations of the context's suffix in this and earlier requests"
+    tree_drafts = True
 
-    def __init__(self, max_tokens: int, factor: float, min_prob: float, device: torch.device) -> None:
+    def __init__(self, max_tokens: int, factor: float, min_prob: float, device: torch.device,
+                 num_candidates: int = 1) -> None:
         self.max_tokens, self.factor, self.min_prob, self.device = max_tokens, factor, min_prob, device
+        self.num_candidates = num_candidates
         self.shared = TokenIndex()
         self._own: dict[str, TokenIndex] = {}
 
@@ -51,8 +56,12 @@ class SuffixDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> SuffixDrafter:
+        if config.num_candidates > 1 and not target.supports_tree_mask:
+            raise SpecDecError(
+                f"suffix with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, "
+                f"Mistral); {target.name!r} runs on transformers' forward: use num_candidates=1")
         return cls(config.suffix_cache_max_tokens, float(config.suffix_factor), float(config.suffix_min_prob),
-                   options.device)
+                   options.device, config.num_candidates)
 
     def add(self, seqs: list[Sequence]) -> None:
         for s in seqs:
@@ -61,18 +70,22 @@ class SuffixDrafter(Drafter):
             self._own[s.request_id] = own
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
-        rows = []
+        trees = self.num_candidates > 1
+        rows: list = []
         for s, k in zip(seqs, ks):
             own = self._own[s.request_id]
             context = s.token_ids
             if own.num_tokens < len(context):
                 own.extend(context[own.num_tokens :])
             if k <= 0:
-                rows.append([])
+                rows.append(([], []) if trees else [])
                 continue
             found = own.candidates(context, k) + self.shared.candidates(context, k)
-            rows.append(propose(found, k, self.factor, self.min_prob))
-        return DraftBatch.from_lists(rows, self.device)
+            if trees:
+                rows.append(propose_tree(found, k, self.factor, self.min_prob, self.num_candidates))
+            else:
+                rows.append(propose(found, k, self.factor, self.min_prob))
+        return DraftBatch.from_trees(rows, self.device) if trees else DraftBatch.from_lists(rows, self.device)
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         """Nothing to roll back: the indexes only ever hold committed tokens."""

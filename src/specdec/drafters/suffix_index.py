@@ -20,6 +20,8 @@ trimmed of evicted tokens once they are half of it.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -165,30 +167,49 @@ class TokenIndex:
 
 def propose(candidates: list[Candidate], budget: int, factor: float, min_prob: float) -> list[int]:
     """The most frequent continuation after the longest match among ``candidates``, at most ``budget``
-    tokens.
+    tokens: :func:`propose_tree` with one child per node (a chain)."""
+    return propose_tree(candidates, budget, factor, min_prob, 1)[0]
 
-    Only the candidates with the longest match vote. Token ``d`` (1-based) of the path is the
-    most frequent next token among the ``count_{d-1}`` candidates that agree with the path so far
-    (ties: the most recent); it is kept while ``count_d / count_0 >= min_prob`` and
-    ``d <= factor * match * (1 + log2(count_d))``: the draft grows with the match length and with
-    how often the continuation was seen.
+
+def propose_tree(candidates: list[Candidate], budget: int, factor: float, min_prob: float,
+                 width: int) -> tuple[list[int], list[int]]:
+    """``(tokens, parents)``: the most frequent continuations after the longest match among
+    ``candidates`` as a tree of at most ``budget`` nodes (parents before children, ``-1`` the root;
+    siblings most frequent first).
+
+    Only the candidates with the longest match vote. A node at depth ``d`` (1-based) is a token that
+    ``count_d`` of the voters agreeing with its parent's path continue with; each node keeps its
+    ``width`` most frequent children (ties: the most recent), those with ``count_d / count_0 >= min_prob``
+    and ``d <= factor * match * (1 + log2(count_d))`` (a draft grows with the match length and with how
+    often the continuation was seen). Nodes are taken best first by ``count_d`` (the path's empirical
+    probability), ties in the order they were found, until ``budget``. With ``width`` 1 it is the chain
+    of the most frequent token at each depth.
     """
     if not candidates or budget <= 0:
-        return []
+        return [], []
     match = max(c.match for c in candidates)
     voters = [c.continuation for c in candidates if c.match == match]
     total = len(voters)
-    path: list[int] = []
-    for d in range(budget):
-        votes: dict[int, int] = {}
-        for cont in voters:
-            if len(cont) > d:
-                votes[cont[d]] = votes.get(cont[d], 0) + 1
-        if not votes:
-            break
-        token, count = max(votes.items(), key=lambda item: item[1])  # first maximum: the most recent
-        if count < min_prob * total or d + 1 > factor * match * (1 + math.log2(count)):
-            break
-        path.append(token)
-        voters = [cont for cont in voters if len(cont) > d and cont[d] == token]
-    return path
+    tokens: list[int] = []
+    parents: list[int] = []
+    order = itertools.count()
+    # (-count, order found, depth - 1, parent node, token, the voters that agree with the node's path)
+    frontier: list[tuple[int, int, int, int, int, list[list[int]]]] = []
+
+    def push_children(parent: int, depth: int, group: list[list[int]]) -> None:
+        votes: dict[int, list[list[int]]] = {}
+        for cont in group:  # most recent first, so a stable sort keeps the most recent first on ties
+            if len(cont) > depth:
+                votes.setdefault(cont[depth], []).append(cont)
+        for token, agree in sorted(votes.items(), key=lambda item: -len(item[1]))[:width]:
+            count = len(agree)
+            if count >= min_prob * total and depth + 1 <= factor * match * (1 + math.log2(count)):
+                heapq.heappush(frontier, (-count, next(order), depth, parent, token, agree))
+
+    push_children(-1, 0, voters)
+    while frontier and len(tokens) < budget:
+        _, _, depth, parent, token, agree = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        push_children(len(tokens) - 1, depth + 1, agree)
+    return tokens, parents

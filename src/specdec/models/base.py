@@ -21,7 +21,10 @@ Terms (shapes are the point):
   entries for the new tokens left as they were (self-speculation drafts with a subset).
 - ``input_hidden`` ``[N, H]`` or None: the input of ``layers[0]`` for each new token instead of
   the embeddings (verification resuming where a draft that ran the first layers stopped).
-  Both need a backend with ``supports_layer_subsets``.
+- ``exit_adapter``: a function ``[M, H] -> [M, H]`` applied to the last run layer's output of the
+  wanted rows before the final norm and the output head (a trained early exit); the returned
+  hidden states are the layers' own.
+  These three need a backend with ``supports_layer_subsets``.
 
 Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
 forgotten without touching the accepted ones. After a tree step the accepted path's entries are
@@ -31,7 +34,7 @@ first moved to contiguous indices (``cache.compact``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -67,6 +70,7 @@ class ForwardBatch:
     hidden_layers: tuple[int, ...] = ()
     layers: tuple[int, ...] | None = None
     input_hidden: torch.Tensor | None = None
+    exit_adapter: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def num_rows(self) -> int:

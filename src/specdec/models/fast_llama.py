@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specdec.argmax import argmax
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.hf import context_window
@@ -388,16 +389,32 @@ class FastLlamaLM(CausalLM):
     @torch.inference_mode()
     def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int) -> torch.Tensor:
         fits = all(cache.lengths[s] + steps <= cache.capacity for s in slots)
+        if self.device.type == "cpu" and fits and len(slots) == 1:
+            return self._one_row_chain(tokens, slots[0], cache, steps)
         if not (self.use_cuda_graphs and fits):
             return super().greedy_chain(tokens, slots, cache, steps)
         if cache.graphs is None:
             cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
         return replay_greedy_chain(self, tokens, slots, cache, steps)
 
+    def _one_row_chain(self, token: torch.Tensor, slot: int, cache: StaticKVPool, steps: int) -> torch.Tensor:
+        """:meth:`greedy_chain` for one row without graphs (a batch-1 draft on a CPU): each step is
+        the grid of :meth:`_single_row_grid` built in place, with no batch, positions tensor or
+        output object, since per-call Python is most of a small draft's step there. ``[1, steps]``."""
+        start = cache.lengths[slot]
+        out = []
+        for i in range(steps):
+            g = Grid(1, 1, start + i + 1, token, None, None, None, None, None, slot, needs_mask=False,
+                     write_range=(slot, start + i))
+            token = argmax(self.head(self.compute(g, cache)[0]))
+            out.append(token)
+        cache.lengths[slot] += steps
+        return torch.stack(out, dim=1)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
         self.check_fits(batch, cache)
-        subset = batch.layers is not None or batch.input_hidden is not None
+        subset = batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None
         shape = graph_shape(self, batch, cache) if self.use_cuda_graphs and not subset else None
         if shape is not None:
             if cache.graphs is None:
@@ -433,4 +450,6 @@ class FastLlamaLM(CausalLM):
                 [normed if i == final else hidden[i].reshape(g.rows * g.width, -1)[wanted] for i in wanted_layers],
                 dim=1,
             )
+        if batch.exit_adapter is not None:
+            last = batch.exit_adapter(last)
         return ForwardOutput(self.head(last), out_hidden)

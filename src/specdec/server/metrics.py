@@ -21,6 +21,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DRAFT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 
 
 class ServerMetrics:
@@ -59,12 +60,23 @@ class ServerMetrics:
                              buckets=E2E_BUCKETS, registry=registry).labels(model_name)
         self.batch_size = Histogram("specdec:step_batch_size", "Sequences in each engine step.", label,
                                     buckets=BATCH_BUCKETS, registry=registry).labels(model_name)
+        self.draft_length = Histogram(
+            "specdec:spec_decode_draft_tokens_per_step",
+            "Draft tokens of each sequence in each step (the k chosen, fewer where the drafter found fewer).",
+            label, buckets=DRAFT_BUCKETS, registry=registry).labels(model_name)
+        self.steps_without_drafts = counter(
+            "specdec:steps_without_drafts",
+            "Engine steps in which no sequence drafted (plain decoding, or speculation switched off).").labels(
+            model_name)
         self._model_name = model_name
 
     def record_step(self, outputs: list[StepOutput]) -> None:
         """Count one engine step: its batch size and each row's drafted and accepted tokens."""
         self.batch_size.observe(len(outputs))
+        if outputs and not any(out.num_drafted for out in outputs):
+            self.steps_without_drafts.inc()
         for out in outputs:
+            self.draft_length.observe(out.num_drafted)
             if out.num_drafted:
                 self.num_drafts.inc()
                 self.num_draft_tokens.inc(out.num_drafted)

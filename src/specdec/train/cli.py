@@ -1,4 +1,5 @@
-"""The ``specdec train`` command: ``tokenizer``, ``lm``, ``draft`` and ``medusa``/``eagle``/``mtp`` sub-commands.
+"""The ``specdec train`` command: ``tokenizer``, ``lm``, ``draft`` and ``medusa``/``eagle``/``mtp``/``early-exit``
+sub-commands.
 
 torch and transformers are imported inside the handlers so that the CLI starts fast.
 ``python -m specdec.train.cli ...`` runs the same sub-commands without the rest of the CLI.
@@ -172,32 +173,61 @@ def _run_draft(args: argparse.Namespace) -> int:
 
 
 def _run_heads(args: argparse.Namespace) -> int:
-    from specdec.train.heads import resolve_head_preset, train_heads
+    from specdec.train.heads import FEATURE_WEIGHT, resolve_head_preset, train_heads
 
-    preset = resolve_head_preset(args.preset, args.num_heads, args.intermediate_size, args.context)
-    summary = train_heads(args.train_command, args.target, preset, _settings(args), corpus_dirs=args.corpus,
-                          cache_dir=args.cache_dir, acceptance_prompts=args.acceptance_prompts,
-                          acceptance_tokens=args.acceptance_tokens)
+    preset = resolve_head_preset(args.preset, getattr(args, "num_heads", None), args.intermediate_size, args.context)
+    summary = train_heads(args.train_command.replace("-", "_"), args.target, preset, _settings(args),
+                          corpus_dirs=args.corpus, cache_dir=args.cache_dir,
+                          acceptance_prompts=args.acceptance_prompts, acceptance_tokens=args.acceptance_tokens,
+                          exit_layer=getattr(args, "exit_layer", None),
+                          feature_layers=getattr(args, "feature_layers", None) or (),
+                          feature_weight=getattr(args, "feature_weight", FEATURE_WEIGHT))
     _print_summary(summary, ["steps", "tokens", "wall_time_s", "final_train_loss", "final_heldout_loss",
                              "heldout_tau", "heldout_acceptance_per_position"])
     return 0
 
 
+def _layer_list(text: str) -> list[int]:
+    """``--feature-layers``: comma-separated integers."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices, got {text!r}") from None
+
+
+EARLY_EXIT_INTERMEDIATE = 128
+"""Default MLP width of an early-exit adapter (about 200K parameters on a 512-wide target)."""
+
+
 def _add_heads(sub: argparse._SubParsersAction) -> None:
-    """``train medusa``, ``train eagle`` and ``train mtp``: heads on a frozen target's features."""
+    """``train medusa``, ``train eagle``, ``train mtp`` and ``train early-exit``: heads on a frozen target's
+    features (early-exit: an adapter after one of its layers, for layer_skip)."""
     helps = {"medusa": "train Medusa heads on a target's last hidden state",
              "eagle": "train an EAGLE feature drafter layer for a target",
-             "mtp": "train sequential multi-token-prediction modules for a target"}
+             "mtp": "train sequential multi-token-prediction modules for a target",
+             "early-exit": "train an early-exit adapter (layer_skip's trained form) for a target"}
     for method, text in helps.items():
         p = sub.add_parser(method, help=text)
         _add_corpus(p)
         p.add_argument("--target", required=True, type=Path, help="target model folder (stays frozen)")
         shape = p.add_argument_group("head shape (overrides win over the preset)")
         shape.add_argument("--preset", default="base", help="heads preset: tiny, base (default base)")
-        shape.add_argument("--num-heads", type=int, default=None, help="Medusa heads / MTP depths (preset: 4)")
-        shape.add_argument("--intermediate-size", type=int, default=None,
-                           help="MLP width of the eagle layer or of each MTP depth (preset: 1024)")
+        if method == "early-exit":
+            shape.add_argument("--exit-layer", type=int, default=None,
+                               help="the adapter reads the output of the target's layers 0..L-1 (default: half)")
+            shape.add_argument("--intermediate-size", type=int, default=EARLY_EXIT_INTERMEDIATE,
+                               help=f"MLP width of the adapter (default {EARLY_EXIT_INTERMEDIATE})")
+        else:
+            shape.add_argument("--num-heads", type=int, default=None, help="Medusa heads / MTP depths (preset: 4)")
+            shape.add_argument("--intermediate-size", type=int, default=None,
+                               help="MLP width of the eagle layer or of each MTP depth (preset: 1024)")
         shape.add_argument("--context", type=int, default=None, help="training block length in tokens (preset: 256)")
+        if method == "eagle":
+            shape.add_argument("--feature-layers", type=_layer_list, default=None, metavar="I,J,...",
+                               help="EAGLE-3: fuse these hidden states of the target (0 the embeddings, i layer "
+                               "i's output, -1 the final normed one), e.g. 2,3,-1 (default: the final one alone)")
+            shape.add_argument("--feature-weight", type=float, default=1.0,
+                               help="weight of the feature regression next to the KL term (default 1)")
         _add_train_flags(p, 1e-3)
         evaluation = p.add_argument_group("held-out measurement")
         evaluation.add_argument("--acceptance-prompts", type=int, default=32,

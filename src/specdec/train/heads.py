@@ -1,4 +1,4 @@
-"""``specdec train medusa|eagle|mtp``: self-distil heads on a frozen target's own features.
+"""``specdec train medusa|eagle|mtp|early-exit``: self-distil heads on a frozen target's own features.
 
 The target runs over blocks of the corpus without gradients; its final normed hidden states (the
 *features*, the vectors its output head scores) and its next-token distributions ``p`` are the
@@ -7,11 +7,16 @@ over the vocabulary, averaged over positions; ``q`` is the target's head applied
 feature):
 
 - medusa: head ``i`` on the feature of position ``j`` against ``p`` of position ``j + i``.
-- eagle: the layer over ``(f_j, t_{j+1})`` against ``p`` of position ``j + 1``, plus a smooth-L1
-  regression of the predicted feature onto ``f_{j+1}``; a second pass feeds the first pass's own
-  predictions as inputs (what drafting does after its first token), with the same targets.
+- eagle: the layer over ``(f_j, t_{j+1})`` against ``p`` of position ``j + 1``, plus ``feature_weight``
+  times a smooth-L1 regression of the predicted feature onto ``f_{j+1}``; a second pass feeds the first
+  pass's own predictions as inputs (what drafting does after its first token), with the same targets.
+  With ``feature_layers`` (EAGLE-3) the first pass's ``f_j`` is the layer's fusion of those hidden
+  states of the target (trained with it); the regression target stays the final feature, the space
+  the target's head scores.
 - mtp: depth ``k`` on depth ``k - 1``'s feature of position ``j`` and ``t_{j+k}`` against ``p`` of
   position ``j + k``.
+- early_exit: the adapter on the output of the target's layer ``L - 1`` at position ``j``, then the
+  target's final norm and head, against ``p`` of position ``j`` (layer_skip's trained form).
 
 Training shares :func:`specdec.train.loop.train` (presets, time budget, resume, progress bar,
 held-out loss) with the other trainers. At the end the saved heads run in specdec's engine on
@@ -37,7 +42,9 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel
 
-HEAD_METHODS = ("medusa", "eagle", "mtp")
+HEAD_METHODS = ("medusa", "eagle", "mtp", "early_exit")
+SPECULATIVE_METHOD = {"early_exit": "layer_skip"}
+"""The speculative method that runs heads of a kind, where it is not the kind's own name."""
 FEATURE_WEIGHT = 1.0
 """Weight of eagle's feature regression next to its KL term."""
 
@@ -79,12 +86,14 @@ def resolve_head_preset(name: str, num_heads: int | None, intermediate_size: int
 def build_module(method: str, spec: Any, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
     """A fresh module of ``method`` for ``spec``, on the device and dtype of ``embed``."""
     from specdec.drafters.heads.eagle import eagle_config
-    from specdec.drafters.heads.modules import EagleLayer, MedusaHeads, MTPModules
+    from specdec.drafters.heads.modules import EagleLayer, EarlyExitAdapter, MedusaHeads, MTPModules
 
     if method == "medusa":
         module: nn.Module = MedusaHeads(spec.hidden_size, spec.num_heads)
+    elif method == "early_exit":
+        module = EarlyExitAdapter(spec.hidden_size, spec.intermediate_size, spec.rms_norm_eps)
     elif method == "eagle":
-        return EagleLayer(eagle_config(spec), embed, lm_head)
+        return EagleLayer(eagle_config(spec), embed, lm_head, len(spec.feature_layers))
     else:
         module = MTPModules(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.rms_norm_eps)
     return module.to(device=embed.device, dtype=embed.dtype)
@@ -98,8 +107,10 @@ def _kl(logits: torch.Tensor, target_logp: torch.Tensor) -> torch.Tensor:
     return F.kl_div(logq, target_logp, log_target=True, reduction="none").sum(-1).mean()
 
 
-def head_loss(method: str, module: nn.Module, target: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
-    """The self-distillation loss of ``module`` on ``ids`` ``[B, T]`` (see the module docstring)."""
+def head_loss(method: str, module: nn.Module, target: PreTrainedModel, ids: torch.Tensor,
+              feature_layers: Sequence[int] = (), feature_weight: float = FEATURE_WEIGHT) -> torch.Tensor:
+    """The self-distillation loss of ``module`` on ``ids`` ``[B, T]`` (see the module docstring);
+    ``feature_layers`` and ``feature_weight``: eagle's fused target layers and regression weight."""
     import torch
     import torch.nn.functional as F
 
@@ -109,17 +120,22 @@ def head_loss(method: str, module: nn.Module, target: PreTrainedModel, ids: torc
         logp = F.log_softmax(out.logits.float(), dim=-1)  # [B, T, V]
     lm_head = target.get_output_embeddings().weight
     T = ids.shape[1]
+    if method == "early_exit":  # hidden_states[L]: the output of layer L - 1, before any norm
+        exit_hidden = out.hidden_states[module.config.exit_layer].float()
+        return _kl(F.linear(target.model.norm(module(exit_hidden)), lm_head), logp)
     if method == "medusa":
         heads = module(feats)  # [B, T, K, H]
         losses = [_kl(F.linear(heads[:, : T - i, i - 1], lm_head), logp[:, i:]) for i in range(1, heads.shape[2] + 1)]
         return torch.stack(losses).mean()
     if method == "eagle":
-        inputs, loss = feats[:, :-1], 0.0
+        source = module.fused(torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).float()
+                              if feature_layers else feats)  # [B, T, H]
+        inputs, loss = source[:, :-1], 0.0
         for _ in range(2):  # teacher-forced, then on its own predicted features
             pred = module(inputs, ids[:, 1:])  # [B, T-1, H]: features of positions 1..T-1
-            loss = loss + _kl(F.linear(pred, lm_head), logp[:, 1:]) + FEATURE_WEIGHT * F.smooth_l1_loss(
+            loss = loss + _kl(F.linear(pred, lm_head), logp[:, 1:]) + feature_weight * F.smooth_l1_loss(
                 pred.float(), feats[:, 1:])
-            inputs = torch.cat([feats[:, :1], pred[:, :-1]], dim=1)
+            inputs = torch.cat([source[:, :1], pred[:, :-1]], dim=1)
         return loss / 2
     embed = target.get_input_embeddings().weight
     h, losses = feats[:, :-1], []
@@ -134,8 +150,8 @@ def measure_heads(target_dir: Path, heads_dir: Path, method: str, k: int, prompt
     """Greedy speculative decoding with the saved heads on ``prompts``: τ and acceptance per position."""
     from specdec import LLM, SamplingParams
 
-    llm = LLM(target_dir, speculative_config={"method": method, "model": str(heads_dir), "num_speculative_tokens": k},
-              dtype="float32", max_num_seqs=8)
+    spec = {"method": SPECULATIVE_METHOD.get(method, method), "model": str(heads_dir), "num_speculative_tokens": k}
+    llm = LLM(target_dir, speculative_config=spec, dtype="float32", max_num_seqs=8)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     accepted, drafted = [0] * k, [0] * k
     for out in outputs:
@@ -153,6 +169,15 @@ def measure_heads(target_dir: Path, heads_dir: Path, method: str, k: int, prompt
     }
 
 
+def _exit_layer(exit_layer: int | None, num_layers: int) -> int:
+    """``exit_layer`` checked against a target of ``num_layers`` layers (None: half of them)."""
+    layer = num_layers // 2 if exit_layer is None else exit_layer
+    if not 1 <= layer < num_layers:
+        raise SpecDecError(f"--exit-layer must be in 1..{num_layers - 1} for a target of {num_layers} layers, "
+                           f"got {layer}")
+    return layer
+
+
 def train_heads(
     method: str,
     target_dir: str | os.PathLike[str],
@@ -162,14 +187,25 @@ def train_heads(
     cache_dir: str | os.PathLike[str] | None = None,
     acceptance_prompts: int = 32,
     acceptance_tokens: int = 64,
+    exit_layer: int | None = None,
+    feature_layers: Sequence[int] = (),
+    feature_weight: float = FEATURE_WEIGHT,
 ) -> dict[str, Any]:
-    """Train ``method`` heads for the target in ``target_dir`` into ``settings.out_dir``; return the summary."""
+    """Train ``method`` heads for the target in ``target_dir`` into ``settings.out_dir``; return the summary.
+    ``exit_layer`` (early_exit): the adapter reads the output of layers ``0..L-1`` (None: half the layers).
+    ``feature_layers`` (eagle): the target's hidden states fused into the layer's input (EAGLE-3);
+    ``feature_weight`` (eagle): the weight of the feature regression."""
     import torch
 
     from specdec.drafters.heads.common import HeadSpec, save_heads, spec_for
+    from specdec.drafters.heads.eagle import check_feature_layers
 
     if method not in HEAD_METHODS:
         raise SpecDecError(f"unknown head method {method!r}; choose one of {', '.join(HEAD_METHODS)}")
+    if method != "eagle" and (feature_layers or feature_weight != FEATURE_WEIGHT):
+        raise SpecDecError(f"feature layers and the feature weight are eagle options, not {method} ones")
+    if not feature_weight >= 0:
+        raise SpecDecError(f"the feature weight must be a non-negative number, got {feature_weight}")
     settings.validate()
     target_dir = Path(target_dir)
     device = resolve_device("auto")
@@ -182,7 +218,10 @@ def train_heads(
         spec = HeadSpec.load(checkpoint_dir(settings.out_dir))
     else:
         spec = spec_for(method, target_dir.name, lm_head, target.config, num_heads=preset.num_heads,
-                        intermediate_size=preset.intermediate_size)
+                        intermediate_size=preset.intermediate_size,
+                        exit_layer=_exit_layer(exit_layer, target.config.num_hidden_layers) if method == "early_exit"
+                        else 0,
+                        feature_layers=check_feature_layers(list(feature_layers), target.config.num_hidden_layers))
     context = min(preset.context, target.config.max_position_embeddings)
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
     torch.manual_seed(settings.seed)
@@ -198,7 +237,8 @@ def train_heads(
         save_heads(model, spec, out, dtype)
 
     train(module, tokenizer, lambda i: train_blocks.batch(i, settings.batch_size),
-          heldout_blocks.first(settings.eval_blocks), lambda m, ids: head_loss(method, m, target, ids), settings,
+          heldout_blocks.first(settings.eval_blocks),
+          lambda m, ids: head_loss(method, m, target, ids, spec.feature_layers, feature_weight), settings,
           extra_summary={"role": method, "context": context, "target": str(target_dir),
                          "trained_parameters": trained, "autocast_target": str(autocast_dtype(device))},
           save_fn=save)

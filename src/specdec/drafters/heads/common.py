@@ -6,7 +6,9 @@ heads were trained for, by name and by a fingerprint of its output head) and ``m
 for another target is a :class:`~specdec.errors.SpecDecError`.
 
 The drafters read the target's *features*: its final normed hidden state (``hidden_layers = (-1,)``),
-the vector its output head turns into logits. The engine hands them over through
+the vector its output head turns into logits; an eagle folder with ``feature_layers`` reads those
+layers instead (EAGLE-3's low, mid and high features, fused by a linear layer). The engine hands them
+over through
 :meth:`~specdec.drafters.base.Drafter.observe_hidden`: the prompt's (all tokens but the pending one)
 before ``add``, and after every step those of the verified positions (the pending token and the
 accepted drafts). So a sequence always has features for every committed token but the pending one.
@@ -40,8 +42,13 @@ HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "default_pair" / "h
 @dataclass
 class HeadSpec:
     """``config.json`` of a head folder. ``num_heads``: Medusa heads / MTP depths (unused by eagle);
-    ``intermediate_size``: MLP width of the eagle layer or of each MTP depth; ``layer``: extra
-    Llama config fields of the eagle layer (heads, rope) taken from the target."""
+    ``intermediate_size``: MLP width of the eagle layer, of each MTP depth or of the early-exit
+    adapter; ``exit_layer``: the early-exit adapter's exit layer ``L`` (it reads the output of the
+    target's layers ``0..L-1``; unused by the others); ``layer``: extra Llama config fields of the
+    eagle layer (heads, rope) taken from the target; ``feature_layers`` (eagle only): the target's hidden
+    states fused into the eagle layer's input feature (indices into transformers' ``hidden_states``: 0
+    the embeddings, ``i`` layer ``i``'s output, the layer count the final normed state), empty for the
+    final normed state alone (and in folders written before the field existed)."""
 
     method: str
     target_name: str
@@ -51,7 +58,9 @@ class HeadSpec:
     num_heads: int = 4
     intermediate_size: int = 1024
     rms_norm_eps: float = 1e-6
+    exit_layer: int = 0
     layer: dict[str, Any] = field(default_factory=dict)
+    feature_layers: list[int] = field(default_factory=list)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """Write ``config.json`` into ``folder`` (the training loop's checkpoints call this)."""
@@ -87,7 +96,7 @@ def fingerprint(lm_head: torch.Tensor) -> str:
 
 def spec_for(method: str, target_name: str, lm_head: torch.Tensor, config: Any, **shape: Any) -> HeadSpec:
     """A :class:`HeadSpec` for heads of ``method`` trained for a target (its ``lm_head`` and transformers
-    ``config``); ``shape``: ``num_heads``, ``intermediate_size``."""
+    ``config``); ``shape``: ``num_heads``, ``intermediate_size``, ``exit_layer``."""
     layer = {"num_attention_heads": config.num_attention_heads,
              "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
              "max_position_embeddings": config.max_position_embeddings,
@@ -103,20 +112,32 @@ def save_heads(module: nn.Module, spec: HeadSpec, folder: str | os.PathLike[str]
     save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}, str(Path(folder) / WEIGHTS_FILE))
 
 
+EARLY_EXIT = "early_exit"
+"""The head folder kind of layer_skip's trained early-exit adapter (``specdec train early-exit``)."""
+
+
+def _user(method: str) -> str:
+    """Who loads heads of ``method``, for messages."""
+    return "layer_skip's early exit" if method == EARLY_EXIT else f"speculative method {method!r}"
+
+
+def _train_command(method: str) -> str:
+    return f"specdec train {method.replace('_', '-')}"
+
+
 def resolve_folder(model: Any, method: str, lm_head: torch.Tensor, target_name: str) -> Path:
     """The head folder to load: ``model``, or with none the embedded heads of ``method`` when they were
     trained for this target."""
     if model is not None:
         folder = Path(model)
         if not (folder / CONFIG_FILE).is_file():
-            raise SpecDecError(f"speculative method {method!r}: {str(folder)!r} is not a folder of heads "
-                               f"(no {CONFIG_FILE})")
+            raise SpecDecError(f"{_user(method)}: {str(folder)!r} is not a folder of heads (no {CONFIG_FILE})")
         return folder
     folder = HEADS_DIR / method
     if (folder / CONFIG_FILE).is_file() and HeadSpec.load(folder).target_fingerprint == fingerprint(lm_head):
         return folder
-    raise SpecDecError(f"speculative method {method!r} needs a 'model': a folder of heads trained for the target "
-                       f"{target_name!r} (`specdec train {method} --target ...`); embedded heads exist only for "
+    raise SpecDecError(f"{_user(method)} needs a 'model': a folder of heads trained for the target "
+                       f"{target_name!r} (`{_train_command(method)} --target ...`); embedded heads exist only for "
                        "the embedded target")
 
 
@@ -129,7 +150,7 @@ def load_spec_and_state(folder: Path, method: str, lm_head: torch.Tensor,
     if spec.target_fingerprint != fingerprint(lm_head) or spec.hidden_size != lm_head.shape[1]:
         raise SpecDecError(f"the {method} heads in {str(folder)!r} were trained for the target "
                            f"{spec.target_name!r}, not for {target_name!r} (its output head differs); "
-                           f"train heads for this target with `specdec train {method}`")
+                           f"train heads for this target with `{_train_command(method)}`")
     try:
         state = load_file(str(folder / WEIGHTS_FILE))
     except (OSError, ValueError, RuntimeError) as exc:
@@ -152,6 +173,8 @@ class HeadDrafter(Drafter):
 
     hidden_layers: ClassVar[tuple[int, ...]] = (-1,)
     optional_model: ClassVar[bool] = True
+    #: Whether the method fuses the target layers of ``HeadSpec.feature_layers`` (else a folder with them is refused).
+    fuses_features: ClassVar[bool] = False
 
     def __init__(self, target: CausalLM, spec: HeadSpec, module: nn.Module) -> None:
         self.target, self.spec, self.module = target, spec, module
@@ -170,6 +193,9 @@ class HeadDrafter(Drafter):
         _, lm_head = target_weights(target)
         folder = resolve_folder(config.model, cls.method, lm_head, target.name)
         spec, state = load_spec_and_state(folder, cls.method, lm_head, target.name)
+        if spec.feature_layers and not cls.fuses_features:
+            raise SpecDecError(f"{str(folder)!r} sets feature_layers, which {cls.method} heads do not take "
+                               "(an eagle option)")
         if config.num_candidates > 1 and not target.supports_tree_mask:
             raise SpecDecError(
                 f"{cls.method} with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, "
@@ -185,12 +211,13 @@ class HeadDrafter(Drafter):
         raise NotImplementedError
 
     def observe_hidden(self, seqs: list[Sequence], hidden: list[torch.Tensor]) -> None:
+        """Buffers ``hidden[b]`` ``[n, len(hidden_layers), H]`` as ``[n, len(hidden_layers) * H]``."""
         for s, h in zip(seqs, hidden):
             if h.shape[0]:
-                self.features.setdefault(s.request_id, []).append(h[:, 0])
+                self.features.setdefault(s.request_id, []).append(h.flatten(1))
 
     def take_features(self, seq: Sequence) -> torch.Tensor | None:
-        """The sequence's unconsumed features ``[n, H]`` (consumed now), or None."""
+        """The sequence's unconsumed features ``[n, len(hidden_layers) * H]`` (consumed now), or None."""
         parts = self.features.pop(seq.request_id, None)
         if not parts:
             return None

@@ -11,6 +11,7 @@ from transformers import LlamaConfig
 from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, narrow_rows, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
+from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
 from specdec.models.fast_llama import FastLlamaLM
 from specdec.sampling import SamplingBatch
@@ -23,6 +24,21 @@ def tree_levels(budget: int, width: int) -> int:
     ``width`` nodes expanded per level: ``budget // width + 1`` (EAGLE-2's 60 nodes of top-10: 7),
     at most ``budget``."""
     return max(1, min(budget, budget // width + 1))
+
+
+def check_feature_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
+    """EAGLE-3 feature layers (indices into transformers' ``hidden_states`` of a target with ``num_layers``
+    decoder layers: 0 the embeddings, ``i`` layer ``i``'s output, ``num_layers`` the final normed state;
+    negative ones count from the end) as distinct non-negative indices, or a :class:`SpecDecError`."""
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise SpecDecError(f"feature layers must be a list of integers, got {layers!r}")
+    resolved = [i + num_layers + 1 if i < 0 else i for i in layers]
+    if any(not 0 <= i <= num_layers for i in resolved):
+        raise SpecDecError(f"feature layers {list(layers)} out of range for a target with {num_layers} layers "
+                           f"(0 the embeddings .. {num_layers} the final normed state, or negative from the end)")
+    if len(set(resolved)) != len(resolved):
+        raise SpecDecError(f"feature layers {list(layers)} name a layer twice")
+    return resolved
 
 
 def eagle_config(spec: HeadSpec) -> LlamaConfig:
@@ -55,15 +71,20 @@ class EagleDrafter(HeadDrafter):
     The tree is a deterministic function of the context (top-k, no sampling), so greedy and sampled
     rows alike verify it with one-hot ``q`` (``probs`` None), which is exact. The pool is set back to
     the target-feature pairs afterwards; the accepted path's target features arrive through
-    ``observe_hidden``, so nothing needs compacting."""
+    ``observe_hidden``, so nothing needs compacting.
+
+    A folder with ``feature_layers`` (EAGLE-3) reads those layers of the target (``hidden_layers``) and
+    ``f_j`` is their fusion by the layer's ``fuse``; drafting past the first token is unchanged."""
 
     method = "eagle"
     tree_drafts = True
+    fuses_features = True
     description = ("EAGLE: one-layer feature drafter on the target's hidden states "
                    "(trained folder; embedded for the default pair)")
 
     def __init__(self, target: CausalLM, spec: HeadSpec, module: EagleLayer, num_slots: int, capacity: int) -> None:
         super().__init__(target, spec, module)
+        self.hidden_layers = tuple(spec.feature_layers) or (-1,)  # EAGLE-3: the fused layers
         self.layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
         self.cache = self.layer.new_cache(num_slots, capacity)
 
@@ -71,7 +92,14 @@ class EagleDrafter(HeadDrafter):
     def build(cls, target: CausalLM, spec: HeadSpec, state: dict[str, torch.Tensor], folder: Path,
               options: LoadOptions) -> EagleDrafter:
         embed, lm_head = target_weights(target)
-        module = load_module(EagleLayer(eagle_config(spec), embed, lm_head), state, folder)
+        try:
+            layers = check_feature_layers(spec.feature_layers, target.num_layers)
+        except SpecDecError as exc:
+            raise SpecDecError(f"the eagle heads in {str(folder)!r}: {exc}") from exc
+        if layers != spec.feature_layers:
+            raise SpecDecError(f"the eagle heads in {str(folder)!r}: feature layers {spec.feature_layers} must be "
+                               "distinct non-negative indices")
+        module = load_module(EagleLayer(eagle_config(spec), embed, lm_head, len(layers)), state, folder)
         return cls(target, spec, module, options.num_slots, options.max_model_len)
 
     def add(self, seqs: list[Sequence]) -> None:
@@ -109,7 +137,7 @@ class EagleDrafter(HeadDrafter):
         n = len(pair_tokens)
         batch = ForwardBatch(host[:n], host[n : 2 * n], [seqs[b].slot for b in fed], cu,
                              logits_rows=host[2 * n :], hidden_layers=(-1,))
-        batch.input_hidden = self._inputs(torch.cat(features), host[:n])
+        batch.input_hidden = self._inputs(self.module.fused(torch.cat(features)), host[:n])
         committed = {seqs[b].slot: cache.lengths[seqs[b].slot] + c for b, c in zip(fed, batch.num_tokens)}
         out = self.layer.forward(batch, cache)
         if self.num_candidates > 1:

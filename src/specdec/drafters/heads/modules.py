@@ -9,10 +9,16 @@ output head (``lm_head`` ``[V, H]``) to get logits, so no module stores a vocabu
   the sequence, whose normed output predicts the feature of position ``j + 1``; autoregressive on its
   own predictions while drafting. It is a one-layer ``LlamaForCausalLM`` whose embedding and output
   head are the target's (frozen, never saved), so specdec's fast backend runs it with its own KV pool.
+  With ``num_fused`` target layers (EAGLE-3), ``f_j`` is ``fuse([h^1_j; ...; h^n_j])``, a linear map of
+  those layers' hidden states, instead of the final feature; its own predictions (while drafting, and in
+  training's second pass) take ``f``'s place as they are.
 - :class:`MTPModules`: DeepSeek-V3's multi-token prediction modules chained sequentially: module
   ``k`` combines the previous depth's feature of position ``j`` with ``embed(t_{j+k})`` and predicts
   the feature that scores ``t_{j+k+1}``. Here each module's block is a SwiGLU MLP without attention
   (so it keeps no cache); depths beyond the last module reuse it.
+- :class:`EarlyExitAdapter`: a residual SwiGLU MLP on the target's hidden state after an early exit
+  layer ``L``, followed by the target's own final norm and head (the trained early-exit form of
+  ``layer_skip``). Stateless, so the draft keeps no cache of its own beyond the target's pool.
 """
 
 from __future__ import annotations
@@ -39,17 +45,24 @@ class MedusaHeads(nn.Module):
 
 
 class EagleLayer(nn.Module):
-    """``fc`` ``[H, 2H]`` and a one-layer Llama (``decoder``) sharing the target's embedding and head."""
+    """``fc`` ``[H, 2H]`` and a one-layer Llama (``decoder``) sharing the target's embedding and head;
+    with ``num_fused`` > 0 also ``fuse`` ``[H, num_fused * H]`` (EAGLE-3's feature fusion)."""
 
-    def __init__(self, config: LlamaConfig, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    def __init__(self, config: LlamaConfig, embed: torch.Tensor, lm_head: torch.Tensor, num_fused: int = 0) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.fuse = nn.Linear(num_fused * hidden, hidden, bias=False) if num_fused else None
         config.tie_word_embeddings = False
         self.decoder = LlamaForCausalLM(config)  # initialised as transformers does (std 0.02, norms 1)
         self.to(device=embed.device, dtype=embed.dtype)
         self.decoder.model.embed_tokens.weight = nn.Parameter(embed, requires_grad=False)
         self.decoder.lm_head.weight = nn.Parameter(lm_head, requires_grad=False)
+
+    def fused(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The feature ``[..., H]`` of the target's hidden states ``[..., F * H]`` (the ``F`` layers side by
+        side; without fusion ``F`` is 1 and they are the feature)."""
+        return target_hidden if self.fuse is None else self.fuse(target_hidden)
 
     def inputs(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """The decoder layer's input ``[..., H]`` from features and next-token embeddings ``[..., H]``."""
@@ -99,3 +112,20 @@ class MTPModules(nn.Module):
     def depth(self, k: int) -> MTPModule:
         """The module of depth ``k`` (from 0); depths past the last reuse it."""
         return self.depths[min(k, len(self.depths) - 1)]
+
+
+class EarlyExitAdapter(nn.Module):
+    """``h + down(silu(gate(norm(h))) * up(norm(h)))`` on the output ``h`` ``[..., H]`` of an early exit
+    layer; ``down`` starts at zero, so an untrained adapter is the plain early exit."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+        nn.init.zeros_(self.down.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., H]``: the input of the target's final norm and head."""
+        gate, up = self.gate_up(self.norm(hidden)).chunk(2, dim=-1)
+        return hidden + self.down(F.silu(gate) * up)

@@ -1,0 +1,195 @@
+"""EAGLE-3 feature fusion: an eagle folder with ``feature_layers`` reads those hidden states of the target
+and fuses them into its input feature. Lossless greedy (batched, chains and trees, both backends) and
+sampled output with random fused weights; its drafts equal a fresh computation from transformers'
+``hidden_states``; bad configurations are clear errors; ``specdec train eagle --feature-layers`` trains
+one; folders without the field keep working."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_greedy_equality import PROMPTS, check_outputs, run_batch
+from test_heads import llama, references, sharp_pair  # noqa: F401 - module fixtures shared with the head tests
+from test_sampling_exactness import PROMPT, SETTINGS, pvalues
+from test_train import MODULES
+from test_train import _module_source as module_source
+
+from specdec import LLM, SamplingParams
+from specdec.drafters.heads.common import CONFIG_FILE, save_heads, spec_for
+from specdec.drafters.heads.eagle import check_feature_layers
+from specdec.errors import SpecDecError
+from specdec.train.heads import build_module
+
+
+def make_fused(model, folder, layers: list[int], seed: int, scale: float = 1.0):
+    """A random eagle layer fusing ``layers`` of the transformers ``model``, saved in float64 to ``folder``."""
+    lm_head, embed = model.get_output_embeddings().weight.detach(), model.get_input_embeddings().weight.detach()
+    layers = check_feature_layers(layers, model.config.num_hidden_layers)
+    spec = spec_for("eagle", "test target", lm_head, model.config, intermediate_size=48, feature_layers=layers)
+    module = build_module("eagle", spec, embed, lm_head)
+    assert module.fuse is not None and module.fuse.in_features == len(layers) * spec.hidden_size
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.requires_grad:
+                param.normal_(0.0, scale / param.shape[-1] ** 0.5 if param.ndim > 1 else 0.1).add_(
+                    1.0 if param.ndim == 1 else 0.0)
+    save_heads(module, spec, folder, torch.float64)
+    return module
+
+
+@pytest.mark.parametrize(("k", "candidates", "backend"), [(4, 1, "auto"), (6, 2, "auto"), (3, 1, "hf")])
+def test_fused_eagle_batched_greedy_matches_transformers(model_dirs, llama, references, tmp_path,  # noqa: F811
+                                                         k, candidates, backend):
+    make_fused(llama, tmp_path / "eagle3", [1, 2, -1], seed=1)
+    spec = {"method": "eagle", "model": str(tmp_path / "eagle3"), "num_speculative_tokens": k,
+            "num_candidates": candidates}
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend=backend,
+              max_num_seqs=16)
+    assert llm.engine.hidden_layers == (1, 2, 3), "the engine must hand over the fused layers"
+    check_outputs(run_batch(llm), references)
+    assert llm.batch_metrics.num_draft_tokens > 50 and llm.batch_metrics.num_accepted_tokens > 0
+    assert not llm.engine.drafter.features, "features of finished sequences must be released"
+
+
+def test_fused_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_path):  # noqa: F811
+    """Each draft equals the one computed from scratch: the layer over the fusion of transformers'
+    ``hidden_states[1]`` and ``[2]`` for the whole context, then on its own predictions. A drafter
+    reading other layers than the fused ones (or fusing them in another order) fails this."""
+    module = make_fused(llama, tmp_path / "eagle3", [2, 1], seed=3, scale=3.0)
+    spec = {"method": "eagle", "model": str(tmp_path / "eagle3"), "num_speculative_tokens": 3}
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=4)
+    drafter, records = llm.engine.drafter, []
+    propose = drafter.propose
+
+    def recording(seqs, ks, sampling):
+        draft = propose(seqs, ks, sampling)
+        for b, s in enumerate(seqs):
+            records.append((list(s.token_ids), draft.tokens[b, : draft.num_draft[b]].tolist()))
+        return draft
+
+    drafter.propose = recording
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], SamplingParams(temperature=0, max_tokens=20))
+    assert len(records) > 20 and any(len(d) == 3 for _, d in records)
+    with torch.no_grad():
+        for context, drafts in records:
+            if not drafts:
+                continue
+            ids = torch.tensor([context])
+            states = llama(ids, output_hidden_states=True).hidden_states
+            fused = module.fused(torch.cat([states[2], states[1]], dim=-1))
+            expected, inputs, tokens = [], fused[:, :-1], ids[:, 1:]
+            for _ in drafts:
+                pred = module(inputs, tokens)[:, -1:]
+                token = F.linear(pred, module.decoder.lm_head.weight).argmax(-1)
+                expected.append(int(token))
+                inputs, tokens = torch.cat([inputs, pred], dim=1), torch.cat([tokens, token], dim=1)
+            assert drafts == expected, f"context {context}"
+
+
+def test_fused_eagle_sampling_matches_target(sharp_pair):  # noqa: F811
+    target, root = sharp_pair
+    make_fused(target, root / "eagle3", [0, 1, 2], seed=4, scale=3.0)
+    spec = {"method": "eagle", "model": str(root / "eagle3"), "num_speculative_tokens": 2}
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    for settings, pvalue in zip(SETTINGS, pvalues(target, llm, PROMPT, (3, 2))):
+        assert pvalue > 1e-3, f"{settings}: fused eagle samples deviate from the target distribution (p={pvalue:.2e})"
+    batch = llm.batch_metrics
+    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens, "the test needs accepted and rejected drafts"
+
+
+def _edit_config(folder, **fields):
+    path = folder / CONFIG_FILE
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(("layers", "message"), [
+    ([1, 9], r"out of range for a target with 3 layers"),
+    ([1, 1], "name a layer twice"),
+    ([-1], "distinct non-negative"),
+    ("1,2", "must be a list of integers"),
+    ([1.5], "must be a list of integers"),
+])
+def test_bad_feature_layers_in_a_folder_are_refused(model_dirs, llama, tmp_path, layers, message):  # noqa: F811
+    make_fused(llama, tmp_path / "eagle3", [1, 3], seed=5)
+    _edit_config(tmp_path / "eagle3", feature_layers=layers)
+    with pytest.raises(SpecDecError, match=message):
+        LLM(model_dirs["llama"]["target"], dtype="float64",
+            speculative_config={"method": "eagle", "model": str(tmp_path / "eagle3")})
+
+
+def test_feature_layers_are_eagle_only_and_must_match_the_weights(model_dirs, llama, tmp_path):  # noqa: F811
+    from test_heads import make_heads
+
+    make_heads(llama, "medusa", tmp_path / "medusa", seed=6)
+    _edit_config(tmp_path / "medusa", feature_layers=[1, 3])
+    with pytest.raises(SpecDecError, match="sets feature_layers, which medusa heads do not take"):
+        LLM(model_dirs["llama"]["target"], dtype="float64",
+            speculative_config={"method": "medusa", "model": str(tmp_path / "medusa")})
+    make_fused(llama, tmp_path / "eagle3", [1, 3], seed=7)
+    _edit_config(tmp_path / "eagle3", feature_layers=[0, 1, 3])  # three layers, weights for two
+    with pytest.raises(SpecDecError, match="do not match its config.json"):
+        LLM(model_dirs["llama"]["target"], dtype="float64",
+            speculative_config={"method": "eagle", "model": str(tmp_path / "eagle3")})
+
+
+def test_a_folder_without_feature_layers_reads_the_final_feature(model_dirs, llama, references, tmp_path):  # noqa: F811
+    """Folders written before the field existed (no ``feature_layers`` key) load as plain eagle."""
+    from test_heads import make_heads
+
+    make_heads(llama, "eagle", tmp_path / "eagle", seed=8)
+    path = tmp_path / "eagle" / CONFIG_FILE
+    data = json.loads(path.read_text())
+    del data["feature_layers"]
+    path.write_text(json.dumps(data))
+    llm = LLM(model_dirs["llama"]["target"], dtype="float64",
+              speculative_config={"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 3})
+    assert llm.engine.hidden_layers == (-1,) and llm.engine.drafter.module.fuse is None
+    check_outputs(run_batch(llm), references)
+
+
+def test_train_eagle_with_feature_layers(text_model_dirs, tmp_path, capsys):
+    """``specdec train eagle --feature-layers`` writes a fused folder that loads and decodes; the flags are
+    refused for other methods and out-of-range layers are a one-line error."""
+    from specdec.train.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in MODULES:
+        (corpus / f"{name}.py").write_text(module_source(name))
+    out = tmp_path / "eagle3"
+    common = ["--target", str(text_model_dirs["target"]), "--corpus", str(corpus), "--preset", "tiny",
+              "--max-steps", "2", "--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1",
+              "--acceptance-prompts", "2", "--acceptance-tokens", "6", "--cache-dir", str(tmp_path / "cache")]
+    assert main(["eagle", "--out", str(out), "--feature-layers", "1,-1", "--feature-weight", "0.5", *common]) == 0
+    config = json.loads((out / CONFIG_FILE).read_text())
+    layers = config["feature_layers"]
+    assert layers[0] == 1 and layers[1] > 1 and len(layers) == 2, "negative layers are stored resolved"
+    assert json.loads((out / "train_summary.json").read_text())["heldout_tau"] >= 1.0
+    llm = LLM(text_model_dirs["target"], speculative_config={"method": "eagle", "model": str(out)}, dtype="float64")
+    assert llm.engine.hidden_layers == tuple(layers)
+    assert len(llm.generate("def f(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids) == 5
+    capsys.readouterr()
+    assert main(["eagle", "--out", str(tmp_path / "bad"), "--feature-layers", "1,99", *common]) == 2
+    assert "out of range" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # mtp has no such flag
+        main(["mtp", "--out", str(tmp_path / "bad"), "--feature-layers", "1", *common])
+    with pytest.raises(SystemExit):
+        main(["eagle", "--out", str(tmp_path / "bad"), "--feature-layers", "one,two", *common])
+
+
+def test_train_heads_refuses_eagle_options_for_other_methods(tmp_path):
+    from specdec.train.heads import HEAD_PRESETS, train_heads
+    from specdec.train.loop import TrainSettings
+
+    for extra in ({"feature_layers": [1]}, {"feature_weight": 0.5}):
+        with pytest.raises(SpecDecError, match="eagle options, not mtp ones"):
+            train_heads("mtp", tmp_path, HEAD_PRESETS["tiny"], TrainSettings(out_dir=tmp_path / "out"), **extra)
+    with pytest.raises(SpecDecError, match="feature weight must be a non-negative number"):
+        train_heads("eagle", tmp_path, HEAD_PRESETS["tiny"], TrainSettings(out_dir=tmp_path / "out"),
+                    feature_weight=float("nan"))
