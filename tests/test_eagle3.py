@@ -10,9 +10,8 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-from test_greedy_equality import PROMPTS, check_outputs, run_batch
-from test_heads import llama, references, sharp_pair  # noqa: F401 - module fixtures shared with the head tests
+from test_greedy_equality import check_outputs, run_batch
+from test_heads import check_eagle_drafts_from_scratch, llama, references, sharp_pair  # noqa: F401 - fixtures
 from test_sampling_exactness import PROMPT, SETTINGS, pvalues
 from test_train import MODULES
 from test_train import _module_source as module_source
@@ -62,32 +61,12 @@ def test_fused_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_pat
     module = make_fused(llama, tmp_path / "eagle3", [2, 1], seed=3, scale=3.0)
     spec = {"method": "eagle", "model": str(tmp_path / "eagle3"), "num_speculative_tokens": 3}
     llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=4)
-    drafter, records = llm.engine.drafter, []
-    propose = drafter.propose
 
-    def recording(seqs, ks, sampling):
-        draft = propose(seqs, ks, sampling)
-        for b, s in enumerate(seqs):
-            records.append((list(s.token_ids), draft.tokens[b, : draft.num_draft[b]].tolist()))
-        return draft
+    def features(ids):
+        states = llama(ids, output_hidden_states=True).hidden_states
+        return module.fused(torch.cat([states[2], states[1]], dim=-1))
 
-    drafter.propose = recording
-    llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], SamplingParams(temperature=0, max_tokens=20))
-    assert len(records) > 20 and any(len(d) == 3 for _, d in records)
-    with torch.no_grad():
-        for context, drafts in records:
-            if not drafts:
-                continue
-            ids = torch.tensor([context])
-            states = llama(ids, output_hidden_states=True).hidden_states
-            fused = module.fused(torch.cat([states[2], states[1]], dim=-1))
-            expected, inputs, tokens = [], fused[:, :-1], ids[:, 1:]
-            for _ in drafts:
-                pred = module(inputs, tokens)[:, -1:]
-                token = F.linear(pred, module.decoder.lm_head.weight).argmax(-1)
-                expected.append(int(token))
-                inputs, tokens = torch.cat([inputs, pred], dim=1), torch.cat([tokens, token], dim=1)
-            assert drafts == expected, f"context {context}"
+    check_eagle_drafts_from_scratch(llm, module, features)
 
 
 def test_fused_eagle_sampling_matches_target(sharp_pair):  # noqa: F811

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 from helpers import build_model
+from test_heads import llama, randomize_and_save  # noqa: F401 - llama: a module fixture
 from test_layer_skip import MAX_TOKENS, PROMPTS, assert_pool_is_a_fresh_prefill, reference, run_ragged_steps
 from test_sampling_exactness import PROMPT, SETTINGS, VOCAB, pvalues
 from test_train import MODULES
 from test_train import _module_source as module_source
-from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, SpecDecError
 from specdec.drafters.heads.common import HEADS_DIR, save_heads, spec_for
@@ -25,23 +25,11 @@ def make_adapter(model, folder, exit_layer: int, seed: int, scale: float = 1.0):
     """A random early-exit adapter for the transformers ``model``, saved in float64 to ``folder``."""
     lm_head, embed = model.get_output_embeddings().weight.detach(), model.get_input_embeddings().weight.detach()
     spec = spec_for("early_exit", "test target", lm_head, model.config, intermediate_size=24, exit_layer=exit_layer)
-    module = build_module("early_exit", spec, embed, lm_head)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for param in module.parameters():
-            param.normal_(0.0, scale / param.shape[-1] ** 0.5 if param.ndim > 1 else 0.1).add_(
-                1.0 if param.ndim == 1 else 0.0)
-    save_heads(module, spec, folder, torch.float64)
-    return module
-
-
-@pytest.fixture(scope="module")
-def llama(model_dirs):
-    return AutoModelForCausalLM.from_pretrained(model_dirs["llama"]["target"], dtype=torch.float64)
+    return randomize_and_save(build_module("early_exit", spec, embed, lm_head), spec, folder, seed, scale)
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])
-def test_early_exit_greedy_matches_transformers(model_dirs, llama, tmp_path, exit_layer):
+def test_early_exit_greedy_matches_transformers(model_dirs, llama, tmp_path, exit_layer):  # noqa: F811
     """Greedy rows (a queue of 5 prompts on 3 slots, beside a sampled row) give transformers' greedy
     output; the draft runs layers 0..L-1 and the adapter, verification only layers L.."""
     make_adapter(llama, tmp_path / "ee", exit_layer, seed=3)
@@ -69,7 +57,7 @@ def test_early_exit_greedy_matches_transformers(model_dirs, llama, tmp_path, exi
     assert max(llm.engine.cache.lengths) == 0
 
 
-def test_the_adapter_changes_the_drafts(model_dirs, llama, tmp_path):
+def test_the_adapter_changes_the_drafts(model_dirs, llama, tmp_path):  # noqa: F811
     """Guard: the adapter is applied (a different adapter gives different acceptance), and an
     untrained (zero ``down``) adapter drafts exactly what the plain early exit ``skip_layers=[1, 2]`` drafts."""
     target = model_dirs["llama"]["target"]
@@ -95,7 +83,7 @@ def test_the_adapter_changes_the_drafts(model_dirs, llama, tmp_path):
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])
-def test_early_exit_leaves_the_pool_a_fresh_prefill(model_dirs, llama, tmp_path, exit_layer):
+def test_early_exit_leaves_the_pool_a_fresh_prefill(model_dirs, llama, tmp_path, exit_layer):  # noqa: F811
     """Greedy and sampled rows with rejections: the entries the draft wrote for layers 0..L-1 are the
     target's own, and verification wrote the rest."""
     make_adapter(llama, tmp_path / "ee", exit_layer, seed=6, scale=2.0)
@@ -118,7 +106,7 @@ def test_early_exit_sampling_matches_target(tmp_path):
     assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens, "the test needs accepted and rejected drafts"
 
 
-def test_bad_early_exit_configs(model_dirs, llama, tmp_path):
+def test_bad_early_exit_configs(model_dirs, llama, tmp_path):  # noqa: F811
     target = model_dirs["llama"]["target"]
     make_adapter(llama, tmp_path / "ee", 1, seed=7)
     other = build_model("llama", seed=999)

@@ -28,7 +28,12 @@ def make_heads(model, method: str, folder, seed: int, scale: float = 1.0, num_he
     """Random ``method`` heads for the transformers ``model``, saved in float64 to ``folder``."""
     lm_head, embed = model.get_output_embeddings().weight.detach(), model.get_input_embeddings().weight.detach()
     spec = spec_for(method, "test target", lm_head, model.config, num_heads=num_heads, intermediate_size=48)
-    module = build_module(method, spec, embed, lm_head)
+    return randomize_and_save(build_module(method, spec, embed, lm_head), spec, folder, seed, scale)
+
+
+def randomize_and_save(module, spec, folder, seed: int, scale: float):
+    """``module``'s trainable weights drawn at random (matrices ~ N(0, scale^2 / fan-in), vectors ~ 1 +
+    N(0, 0.01)), saved with ``spec`` in float64 to ``folder``; returns the module."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for param in module.parameters():
@@ -77,12 +82,11 @@ def test_heads_on_the_transformers_backend(model_dirs, llama, references, tmp_pa
     check_outputs(run_batch(llm), references)
 
 
-def test_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_path):
-    """After steps with rejections, each eagle draft equals the one computed from scratch: the layer
-    teacher-forced over the target's features of the whole context, then on its own predictions."""
-    module = make_heads(llama, "eagle", tmp_path / "eagle", seed=3, scale=3.0)
-    spec = {"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 3}
-    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=4)
+def check_eagle_drafts_from_scratch(llm, module, features) -> None:
+    """Greedy-decode four prompts with an eagle ``llm`` (``max_num_seqs`` 4, k 3) recording every
+    proposal, then check each against the one computed from scratch: ``module`` teacher-forced over
+    ``features(ids)`` (the drafter's input features of the whole context, ``[1, T, H]``), then on
+    its own predictions."""
     drafter, records = llm.engine.drafter, []
     propose = drafter.propose
 
@@ -100,14 +104,22 @@ def test_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_path):
             if not drafts:
                 continue
             ids = torch.tensor([context])
-            feats = llama(ids, output_hidden_states=True).hidden_states[-1]
-            expected, inputs, tokens = [], feats[:, :-1], ids[:, 1:]
+            expected, inputs, tokens = [], features(ids)[:, :-1], ids[:, 1:]
             for _ in drafts:
                 pred = module(inputs, tokens)[:, -1:]
                 token = F.linear(pred, module.decoder.lm_head.weight).argmax(-1)
                 expected.append(int(token))
                 inputs, tokens = torch.cat([inputs, pred], dim=1), torch.cat([tokens, token], dim=1)
             assert drafts == expected, f"context {context}"
+
+
+def test_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_path):
+    """After steps with rejections, each eagle draft equals the one computed from scratch: the layer
+    teacher-forced over the target's features of the whole context, then on its own predictions."""
+    module = make_heads(llama, "eagle", tmp_path / "eagle", seed=3, scale=3.0)
+    spec = {"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 3}
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=4)
+    check_eagle_drafts_from_scratch(llm, module, lambda ids: llama(ids, output_hidden_states=True).hidden_states[-1])
 
 
 @pytest.fixture(scope="module")
