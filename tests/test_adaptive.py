@@ -73,6 +73,23 @@ def test_better_rows_draft_more():
     assert choose_ks([[0.9] * MAX_K], [3], CostModel(1.0, 0.0, 0.01))[0] == [3]  # the row's limit holds
 
 
+def test_padded_grid_drafts_every_row_to_the_width():
+    """A backend that pads rows to the longest (the fast backend's grid) costs ``rows x (w + 1)``
+    tokens whatever each row drafts: every row then drafts up to the chosen width, and the predicted
+    speedup charges the padded cells."""
+    rates, limits = [[0.95] * MAX_K, [0.5] * MAX_K, [0.05] * MAX_K], [MAX_K, MAX_K, 2]
+    cost = CostModel(1.0, 0.05, 0.05)
+    ks, speedup = choose_ks(rates, limits, cost, padded=True)
+    width = max(ks)
+    assert width > 0 and ks == [min(width, limit) for limit in limits]
+    tokens = 3 + sum(expected_tokens(r, k) - 1 for r, k in zip(rates, ks))
+    assert speedup == pytest.approx(tokens / cost.seconds(3 * (width + 1), width) / (3 / cost.seconds(3, 0)))
+    # 16 rows, one of them good: unpadded it drafts alone; padded, its drafts would cost 16 rows of cells.
+    rates, limits = [[0.9] * MAX_K] + [[0.05] * MAX_K] * 15, [MAX_K] * 16
+    assert choose_ks(rates, limits, CostModel(8.0, 0.1, 0.0))[0][0] > 0
+    assert choose_ks(rates, limits, CostModel(8.0, 0.1, 0.0), padded=True) == ([0] * 16, 1.0)
+
+
 @dataclass
 class FakeSeq:
     request_id: str

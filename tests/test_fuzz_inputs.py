@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specdec import LLM, SamplingParams, SpecDecError
@@ -38,6 +38,7 @@ SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "stop
 
 @FUZZ
 @given(kwargs=st.dictionaries(st.sampled_from(SAMPLING_FIELDS), VALUES, max_size=4))
+@example(kwargs={"top_k": 2**64})  # found by this test: a top_k past int64 once overflowed in the sampler
 def test_fuzz_sampling_params(llm, kwargs):
     try:
         params = SamplingParams(**kwargs)

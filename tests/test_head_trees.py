@@ -144,5 +144,5 @@ def test_head_trees_need_the_fast_backend(model_dirs, llama, tmp_path):  # noqa:
     spec = {"method": "medusa", "model": str(tmp_path / "medusa"), "num_candidates": 2}
     with pytest.raises(SpecDecError, match="medusa with num_candidates > 1 proposes trees"):
         LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend="hf")
-    with pytest.raises(SpecDecError, match="'mtp' proposes chains"):
+    with pytest.raises(SpecDecError, match="'mtp' does not choose among several candidates"):
         LLM(model_dirs["llama"]["target"], speculative_config={"method": "mtp", "num_candidates": 2}, dtype="float64")

@@ -149,7 +149,7 @@ def test_tree_config_errors(model_dirs):
     for bad in (0, 17, True, "2"):
         with pytest.raises(SpecDecError, match="num_candidates must be an integer"):
             LLM(target, speculative_config={"method": "ngram", "num_candidates": bad})
-    with pytest.raises(SpecDecError, match="proposes chains"):
+    with pytest.raises(SpecDecError, match="does not choose among several candidates"):
         LLM(target, speculative_config={"method": "draft_model", "model": str(target), "num_candidates": 2})
     with pytest.raises(SpecDecError, match="need the fast backend"):
         LLM(model_dirs["gpt2"]["target"], speculative_config={"method": "ngram", "num_candidates": 2})

@@ -6,10 +6,11 @@ a_i`` tokens in expectation; with a constant ``a_i = α`` that is ``(1 − α^(k
 over ``B`` rows drafting ``k_b`` tokens each, the longest ``w``, costs ``T = t(B + sum k_b) + w·d``:
 ``t(N)``, the target forward with verification and bookkeeping over ``N`` tokens, is a straight
 line fitted to recent steps (so verification that stops being free at a larger batch shows as
-its slope), and ``d`` is the measured drafting time per draft position. The policy picks the ``k_b``
-maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``, plain decoding (every ``k_b
-= 0``) included: speculation is off for a step whose predicted speedup is below 1. At ``B = 1``
-with a flat ``t`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
+its slope; on a backend that pads rows to the longest, ``N = B (w + 1)``, the cells its grid
+computes whatever each row drafted), and ``d`` is the measured drafting time per draft position.
+The policy picks the ``k_b`` maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``,
+plain decoding (every ``k_b = 0``) included: speculation is off for a step whose predicted speedup
+is below 1. At ``B = 1`` with a flat ``t`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
 
 Estimates are online: acceptance per sequence (decayed counts, with the engine-wide pool of all
 sequences as the prior of a new one), cost per engine. Every ``probe_every`` steps the decision is
@@ -145,14 +146,17 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel) -> tuple[list[int], float]:
+def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False
+              ) -> tuple[list[int], float]:
     """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
     plain step of the same rows.
 
     ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long).
     For each width ``w``, the best choice drafting ``m`` tokens in all takes the ``m`` positions (of
     positions ``<= w``) with the largest probability of being reached and kept; that probability
-    falls along a row, so this is a prefix of every row.
+    falls along a row, so this is a prefix of every row. ``padded``: the target's forward costs
+    ``rows x (w + 1)`` tokens whatever each row drafts (its grid pads rows to the longest), so at
+    width ``w`` every row drafts up to ``w``.
     """
     rows = len(limits)
     gains = []  # (probability the token is emitted as a kept draft, position, row)
@@ -171,7 +175,7 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel) -> t
                 continue
             tokens += gain
             count += 1
-            rate = tokens / cost.seconds(rows + count, w)
+            rate = tokens / cost.seconds(rows * (w + 1) if padded else rows + count, w)
             if rate > best:
                 best, best_w, best_m = rate, w, count
     ks = [0] * rows
@@ -190,8 +194,8 @@ class AdaptiveK:
     fastest, at most ``max_k`` (see the module docstring)."""
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
-                 cost_decay: float = 0.95, draft_decay: float = 0.8) -> None:
-        self.max_k, self.probe_every, self.seq_decay = max_k, probe_every, seq_decay
+                 cost_decay: float = 0.95, draft_decay: float = 0.8, padded: bool = False) -> None:
+        self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
         self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0)
         self.target = LineFit(cost_decay)
         self.draft_per_position: float | None = None
@@ -230,7 +234,7 @@ class AdaptiveK:
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_per_position is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
-        ks, self.last_speedup = choose_ks(rates, limits, cost)
+        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         if self.steps % self.probe_every == 0:
             ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
         return self._count(seqs, limits, ks)
@@ -277,6 +281,7 @@ class AdaptiveK:
         self.seqs.pop(seq.request_id, None)
 
 
-def make_policy(num_speculative_tokens: int | str, max_k: int) -> FixedK | AdaptiveK:
-    """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``) or a fixed k."""
-    return AdaptiveK(max_k) if num_speculative_tokens == AUTO else FixedK(max_k)
+def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False) -> FixedK | AdaptiveK:
+    """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``; ``padded``:
+    the target's forward pads every row to the longest, see :class:`AdaptiveK`) or a fixed k."""
+    return AdaptiveK(max_k, padded=padded) if num_speculative_tokens == AUTO else FixedK(max_k)

@@ -198,8 +198,9 @@ class Engine:
         # 6. Metrics and the policy's measurements; the outputs go to the scheduler.
         times = clock.read()
         self._record(seqs, outputs, times)
+        fed = len(seqs) * (width + 1) if self.target.pads_rows else len(seqs) + sum(num_drafted)
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
-            len(seqs) + sum(num_drafted), width, times["target"] + times["other"], times.get("drafting", 0.0)))
+            fed, width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs
 
     def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor | None]:

@@ -143,7 +143,8 @@ class LLM:
                                   enforce_eager=enforce_eager)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
-        policy = make_policy(speculative_config.num_speculative_tokens, k) if speculative_config else None
+        policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows)
+                  if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy)
         self.scheduler = Scheduler(self.engine, max_num_seqs)
         self._eos_ids = frozenset(self._eos_token_ids())

@@ -137,7 +137,9 @@ class SamplingBatch:
 
         floats = to_device([[p.temperature if not p.greedy else 1.0, p.top_p, p.min_p] for p in self.params],
                            self.device, torch.float64)
-        ints = to_device([[p.top_k if p.top_k > 0 else 0, p.greedy] for p in self.params], self.device)
+        # A top_k past the vocabulary keeps every token (clamped below), and past int64 would not fit.
+        ints = to_device([[min(p.top_k, 2**63 - 1) if p.top_k > 0 else 0, p.greedy] for p in self.params],
+                         self.device)
         return floats, ints
 
     @property

@@ -102,7 +102,8 @@ class SpeculativeConfig:
         if not isinstance(candidates, int) or isinstance(candidates, bool) or not 1 <= candidates <= MAX_CANDIDATES:
             raise SpecDecError(f"num_candidates must be an integer in 1..{MAX_CANDIDATES}, got {candidates!r}")
         if candidates > 1 and not DRAFTERS[self.method].tree_drafts:
-            raise SpecDecError(f"speculative method {self.method!r} proposes chains: it takes no num_candidates > 1")
+            raise SpecDecError(f"speculative method {self.method!r} does not choose among several candidates per "
+                               f"step: it takes no num_candidates > 1")
         if self.model is not None and not isinstance(self.model, (str, os.PathLike, PreTrainedModel)):
             raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):

@@ -180,7 +180,9 @@ class CausalLM(ABC):
     Attributes set by each backend: ``vocab_size`` (logit width), ``max_length`` (context
     window in tokens), ``device``, ``dtype``, ``name`` (folder or id, for messages),
     ``config`` (the transformers config), ``num_layers`` (decoder layers), ``supports_tree_mask``
-    and ``supports_layer_subsets`` (``ForwardBatch.layers`` and ``input_hidden``).
+    and ``supports_layer_subsets`` (``ForwardBatch.layers`` and ``input_hidden``), ``pads_rows``
+    (a forward computes every row as long as the longest, so its cost follows rows x longest row,
+    not the tokens fed).
     """
 
     vocab_size: int
@@ -191,6 +193,7 @@ class CausalLM(ABC):
     num_layers: int
     supports_tree_mask: bool = False
     supports_layer_subsets: bool = False
+    pads_rows: bool = False
 
     @abstractmethod
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:

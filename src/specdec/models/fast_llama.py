@@ -173,6 +173,7 @@ class FastLlamaLM(CausalLM):
 
     supports_tree_mask = True
     supports_layer_subsets = True
+    pads_rows = True
 
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False) -> None:
         config = model.config
