@@ -8,6 +8,7 @@ import pytest
 import test_sampling_exactness
 import torch
 from helpers import build_model, truncated_copy
+from test_auto_method import MAX_TOKENS, PROMPTS
 from test_sampling_exactness import PROMPT, SETTINGS, VOCAB, pair, pvalues  # noqa: F401  (pair: a fixture)
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -15,16 +16,6 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 import specdec.drafters.cascade
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecDecError
-
-PROMPTS = [
-    [3, 5, 7, 3, 5, 7, 11, 3, 5],
-    [42, 1, 17, 29, 8, 64, 2],
-    [7],
-    [90, 91, 90, 91, 90],
-    [33, 3, 33, 3, 33, 3],
-    [55, 44, 33, 22, 11, 0, 12, 23, 34, 45, 56, 67, 78],
-]
-MAX_TOKENS = [30, 24, 31, 17, 35, 9]
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,19 @@ import json
 import pytest
 import torch
 from test_greedy_equality import check_outputs, run_batch
-from test_heads import check_eagle_drafts_from_scratch, llama, references, sharp_pair  # noqa: F401 - fixtures
+from test_heads import (  # noqa: F401 - llama, references, sharp_pair: module fixtures
+    check_eagle_drafts_from_scratch,
+    llama,
+    randomize_and_save,
+    references,
+    sharp_pair,
+)
 from test_sampling_exactness import PROMPT, SETTINGS, pvalues
 from test_train import MODULES
 from test_train import _module_source as module_source
 
 from specdec import LLM, SamplingParams
-from specdec.drafters.heads.common import CONFIG_FILE, save_heads, spec_for
+from specdec.drafters.heads.common import CONFIG_FILE, spec_for
 from specdec.drafters.heads.eagle import check_feature_layers
 from specdec.errors import SpecDecError
 from specdec.train.heads import build_module
@@ -30,14 +36,7 @@ def make_fused(model, folder, layers: list[int], seed: int, scale: float = 1.0):
     spec = spec_for("eagle", "test target", lm_head, model.config, intermediate_size=48, feature_layers=layers)
     module = build_module("eagle", spec, embed, lm_head)
     assert module.fuse is not None and module.fuse.in_features == len(layers) * spec.hidden_size
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for param in module.parameters():
-            if param.requires_grad:
-                param.normal_(0.0, scale / param.shape[-1] ** 0.5 if param.ndim > 1 else 0.1).add_(
-                    1.0 if param.ndim == 1 else 0.0)
-    save_heads(module, spec, folder, torch.float64)
-    return module
+    return randomize_and_save(module, spec, folder, seed, scale)
 
 
 @pytest.mark.parametrize(("k", "candidates", "backend"), [(4, 1, "auto"), (6, 2, "auto"), (3, 1, "hf")])
