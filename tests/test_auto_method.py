@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_sampling_exactness import NGRAM_PROMPT, SETTINGS, pair, pvalues  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair  # noqa: F401  (pair: a fixture)
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
@@ -178,12 +178,9 @@ def test_sampling_matches_target_with_mixed_candidates(pair, k, max_tokens):  # 
         {"method": "ngram", "num_speculative_tokens": k}]}
     llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
     llm.engine.drafter.bandit.exploration = 0.5
-    results = pvalues(target, llm, NGRAM_PROMPT, max_tokens)
-    for settings, pvalue in zip(SETTINGS, results):
-        assert pvalue > 1e-3, f"{settings}: speculative samples deviate from the target distribution (p={pvalue:.2e})"
+    assert_matches_target(target, llm, NGRAM_PROMPT, "speculative", max_tokens)
     batch = llm.batch_metrics
     assert min(batch.drafter_choices.values()) > 1000, batch.drafter_choices
-    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens
 
 
 def test_generate_cli_takes_an_auto_speculative_config(text_model_dirs, capsys):

@@ -16,7 +16,7 @@ step proposes (pure helpers), then end to end on float64 tiny models.
 
 import pytest
 from test_greedy_equality import MAX_TOKENS, PROMPTS
-from test_sampling_exactness import NGRAM_PROMPT, SETTINGS, pair, pvalues  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair, pvalues  # noqa: F401  (pair: a fixture)
 from test_tree_engine import greedy_refs, run_batch  # noqa: F401  (greedy_refs: a fixture)
 
 import specdec.verify
@@ -193,11 +193,9 @@ def test_sampling_matches_target(pair):  # noqa: F811
     """Two-token candidates from the prompt ([4] was followed by 3 3) beside a two-token window."""
     target, root = pair
     llm = LLM(root / "target", speculative_config=LOOKAHEAD_SAMPLING, dtype="float64", max_num_seqs=16)
-    for settings, pvalue in zip(SETTINGS, pvalues(target, llm, NGRAM_PROMPT, (3, 2))):
-        assert pvalue > 1e-3, f"{settings}: lookahead samples deviate from the target distribution (p={pvalue:.2e})"
+    assert_matches_target(target, llm, NGRAM_PROMPT, "lookahead")
     batch = llm.batch_metrics
     assert batch.mean_batch_size > 8
-    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens
 
 
 def test_residual_that_keeps_a_rejected_sibling_is_caught(pair, monkeypatch):  # noqa: F811

@@ -109,6 +109,16 @@ def pvalues(target, llm, prompt, max_tokens):
     return [chi_square_pvalue(c, exact_joint(target, prompt, SamplingParams(**s))) for c, s in zip(counts, SETTINGS)]
 
 
+def assert_matches_target(target, llm, prompt, what: str, max_tokens=(3, 2)) -> None:
+    """The chi-square test of ``llm``'s first sampled tokens after ``prompt`` against ``target``'s exact
+    distribution under every row of SETTINGS (:func:`pvalues`), and the guard that the run both
+    accepted and rejected drafts (else it tested nothing). ``what`` names the samples in messages."""
+    for settings, pvalue in zip(SETTINGS, pvalues(target, llm, prompt, max_tokens)):
+        assert pvalue > 1e-3, f"{settings}: {what} samples deviate from the target distribution (p={pvalue:.2e})"
+    batch = llm.batch_metrics
+    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens, "the test needs accepted and rejected drafts"
+
+
 CASES = [
     # k=1, two tokens: rejection/residual at the first token, bonus at the second.
     ("draft_model", 1, (2,)),
@@ -132,12 +142,8 @@ def test_mixed_batch_sampling_matches_target(pair, method, k, max_tokens):
         spec["model"] = str(root / "draft")
     prompt = NGRAM_PROMPT if method in ("ngram", "suffix") else PROMPT
     llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
-    results = pvalues(target, llm, prompt, max_tokens)
-    for settings, pvalue in zip(SETTINGS, results):
-        assert pvalue > 1e-3, f"{settings}: speculative samples deviate from the target distribution (p={pvalue:.2e})"
-    batch = llm.batch_metrics
-    assert batch.mean_batch_size > 8, "the requests must have run batched"
-    assert 0 < batch.num_accepted_tokens < batch.num_draft_tokens, "the test needs both accepted and rejected drafts"
+    assert_matches_target(target, llm, prompt, "speculative", max_tokens)
+    assert llm.batch_metrics.mean_batch_size > 8, "the requests must have run batched"
 
 
 def test_broken_residual_is_caught(pair, monkeypatch):
