@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.jsonl import read_jsonl
+from specdec.jsonl import json_object, read_jsonl
 
 PLAIN = "none"
 DEFAULT_WITH_DRAFT = "draft_model"
@@ -131,12 +131,7 @@ def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, An
 
     if args.speculative_model is not None or args.speculative_method is not None:
         raise SpecDecError("give either --speculative-config or --speculative-model/--speculative-method")
-    try:
-        spec = json.loads(args.speculative_config)
-    except json.JSONDecodeError as exc:
-        raise SpecDecError(f"--speculative-config is not valid JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise SpecDecError(f"--speculative-config must be a JSON object, got {args.speculative_config!r}")
+    spec = json_object(args.speculative_config, "--speculative-config")
     if args.model is not None:
         return args.model, spec
     target, draft = require_default_pair()

@@ -1,4 +1,5 @@
-"""Reading JSONL input files (prompts, questions) with errors that name the file and line."""
+"""Reading JSON objects given by the user (JSONL files of prompts and questions, configuration flags)
+with errors that name where they came from."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object; ``where`` (a file and line, a flag) starts the error messages."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecDecError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise SpecDecError(f"{where}: JSON must be an object, got {text.strip()[:80]!r}")
+    return value
 
 
 def read_jsonl(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
@@ -28,13 +40,7 @@ def read_jsonl(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
                                f"{exc.start + 1})") from None
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecDecError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise SpecDecError(f"{path}:{number}: each line must be a JSON object")
-        rows.append((number, row))
+        rows.append((number, json_object(line, f"{path}:{number}")))
     if not rows:
         raise SpecDecError(f"{what} {str(path)!r} is empty")
     return rows

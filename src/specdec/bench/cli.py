@@ -6,7 +6,6 @@ torch, transformers and matplotlib are imported inside the handler so that the C
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from specdec.bench.prepare import load_bench, resolve_source, split_names
 from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
 from specdec.errors import SpecDecError
+from specdec.jsonl import json_object
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -257,15 +257,9 @@ def _method_configs(values: Sequence[str]) -> dict[str, dict[str, Any]]:
         name = name.strip()
         if not sep or not name:
             raise SpecDecError(f"--method-config takes NAME=JSON, got {value!r}")
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecDecError(f"--method-config {name}: not valid JSON ({exc})") from None
-        if not isinstance(config, dict):
-            raise SpecDecError(f"--method-config {name}: JSON must be an object, got {text!r}")
         if name in configs:
             raise SpecDecError(f"--method-config {name} is given twice")
-        configs[name] = config
+        configs[name] = json_object(text, f"--method-config {name}")
     return configs
 
 
