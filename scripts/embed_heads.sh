@@ -9,7 +9,7 @@ while [ $# -gt 0 ]; do
   shift 2
   rm -rf "${dest:?}/$method"
   mkdir -p "$dest/$method"
-  for f in config.json model.safetensors train_summary.json training_log.jsonl; do
+  for f in config.json model.safetensors token_counts.safetensors train_summary.json training_log.jsonl; do
     [ -f "$src/$f" ] && cp "$src/$f" "$dest/$method/"
   done
 done

@@ -10,7 +10,7 @@ for role in target draft; do
   rm -rf "${dest:?}/$role"
   mkdir -p "$dest/$role"
   for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \
-           train_summary.json training_log.jsonl; do
+           token_counts.safetensors train_summary.json training_log.jsonl; do
     [ -f "$src/$f" ] && cp "$src/$f" "$dest/$role/"
   done
 done

@@ -18,7 +18,16 @@ from test_sampling_exactness import assert_matches_target
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
-from specdec.adaptive import AdaptiveK, CostModel, FixedK, StepCost, choose_ks, expected_tokens
+from specdec.adaptive import (
+    PRIOR_ACCEPTANCE,
+    Acceptance,
+    AdaptiveK,
+    CostModel,
+    FixedK,
+    StepCost,
+    choose_ks,
+    expected_tokens,
+)
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
 
@@ -123,6 +132,36 @@ def test_policy_learns_the_formulas_k_from_measurements():
     chosen = simulate(0.8, lambda n, w: (0.010, 0.001 * w))[100:]
     assert int(np.argmax([formula(0.8, k, 0.1) for k in range(MAX_K + 1)])) == 6
     assert np.mean([4 <= ks[0] <= 8 for ks in chosen]) > 0.85
+
+
+def test_policy_charges_a_fixed_drafting_cost_per_step_not_per_position():
+    """Drafting 5 ms per step plus 0.5 ms per position (a draft model's catch-up forward), flat target 10 ms,
+    α = 0.8: the fitted ``(d_0, d)`` is the clock's, and the policy drafts long (S(8) > S(4) by 15% with a
+    fixed part; a cost per position alone, the mean 1.75 ms at width 4, would have it draft about 4)."""
+    clock = lambda n, w: (0.010, 0.005 + 0.0005 * w)  # noqa: E731
+    chosen = simulate(0.8, clock)[100:]
+    assert np.mean([ks[0] >= 7 for ks in chosen]) > 0.6
+    policy = AdaptiveK(MAX_K)
+    seqs = [FakeSeq("a")]
+    for step in range(60):
+        width = 1 + step % MAX_K
+        policy.observe(seqs, [width], [0], StepCost(1 + width, width, 0.010, clock(0, width)[1]))
+    fixed, per_position = policy.draft_cost()
+    assert fixed == pytest.approx(0.005, rel=1e-6) and per_position == pytest.approx(0.0005, rel=1e-6)
+
+
+def test_untried_positions_lean_on_the_position_before():
+    """The pool's prior for a position with no tries is the measured rate before it, not the constant
+    prior: after drafts that were all accepted at k = 3, positions 4.. are predicted near position 3's rate."""
+    policy = AdaptiveK(MAX_K)
+    for _ in range(50):
+        policy.pool.update(3, 3)
+    rates = policy.pool.rates()
+    assert min(rates[:3]) > 0.97 and min(rates[3:]) > 0.95
+    flat = Acceptance(MAX_K, 0.99, [PRIOR_ACCEPTANCE] * MAX_K, prior_weight=1.0)
+    for _ in range(50):
+        flat.update(3, 3)
+    assert flat.rates()[3:] == [PRIOR_ACCEPTANCE] * (MAX_K - 3)  # what the carried prior avoids
 
 
 def test_policy_switches_off_with_low_acceptance_and_with_costly_verification():

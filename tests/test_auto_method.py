@@ -65,6 +65,17 @@ def test_bandit_without_exploration_sticks_to_the_measured_best():
     assert picks == [1, 49]  # arm 0 tried once (unmeasured arms first), then the better arm 1 only
 
 
+def test_bandit_keeps_the_current_candidate_unless_another_is_clearly_faster():
+    """A switch costs a catch-up step: a request stays on its candidate unless another one's estimate
+    beats it by ``SWITCH_MARGIN``; without a current candidate the best estimate wins."""
+    bandit = ThroughputBandit(2, exploration=0.0)
+    for arm, tokens in ((0, 1.0), (1, 1.03)):
+        bandit.update("a", arm, tokens, 1.0)
+    assert bandit.choose("a", current=0) == 0 and bandit.choose("a") == 1 and bandit.choose("a", current=1) == 1
+    bandit.update("a", 1, 1.6, 1.0)  # arm 1 now clearly faster
+    assert bandit.choose("a", current=0) == 1
+
+
 def test_merge_gives_deterministic_rows_one_hot_probs():
     device = torch.device("cpu")
     sampled = DraftBatch(torch.tensor([[4, 2, 1]]), [3], torch.full((1, 3, 6), 1 / 6, dtype=torch.float64))
@@ -211,6 +222,6 @@ def test_a_switch_is_held_one_step_and_not_measured(model_dirs):
     spec = {"method": "auto", "num_speculative_tokens": 2, "candidates": [{"method": "ngram"}, {"method": "suffix"}]}
     drafter = LLM(dirs["target"], speculative_config=spec, dtype="float64").engine.drafter
     choices = iter([0, 1, 0])
-    drafter.bandit.choose = lambda key: next(choices)
+    drafter.bandit.choose = lambda key, current=None: next(choices)
     assert [drafter._choose("r") for _ in range(4)] == [0, 1, 1, 0]
     assert "r" in drafter.switched  # the last step switched back: the next one is held again

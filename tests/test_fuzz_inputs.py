@@ -56,12 +56,20 @@ def test_fuzz_sampling_params(llm, kwargs):
 
 
 SPEC_FIELDS = {
-    "method": st.one_of(st.sampled_from(["ngram", "draft_model"]), VALUES),
+    "method": st.one_of(st.sampled_from(["ngram", "draft_model", "suffix", "lookahead", "layer_skip", "eagle",
+                                         "cascade", "auto"]), VALUES),
     "num_speculative_tokens": VALUES,
     "model": st.one_of(VALUES, st.sampled_from(["DRAFT", "/no/such/folder", "./nope"])),
     "dtype": st.one_of(VALUES, st.sampled_from(["float64", "float32", "float8", "auto"])),
     "prompt_lookup_max": VALUES,
     "prompt_lookup_min": VALUES,
+    "draft_vocab_size": VALUES,
+    "num_candidates": VALUES,
+    "early_exit": VALUES,
+    "skip_layers": VALUES,
+    "lookahead_window": VALUES,
+    "stages": VALUES,
+    "candidates": VALUES,
     "no_such_key": VALUES,
 }
 

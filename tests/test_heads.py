@@ -183,6 +183,10 @@ def test_train_heads_smoke(text_model_dirs, tmp_path):
     assert (out / "training_log.jsonl").is_file()
     llm = LLM(text_model_dirs["target"], speculative_config={"method": "mtp", "model": str(out)}, dtype="float64")
     assert len(llm.generate("def f(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids) == 5
+    assert (out / "token_counts.safetensors").is_file()  # the training split's counts: a draft vocabulary works
+    llm = LLM(text_model_dirs["target"], dtype="float64",
+              speculative_config={"method": "mtp", "model": str(out), "draft_vocab_size": 16})
+    assert len(llm.generate("def f(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids) == 5
     assert main([*argv[:-2], "--resume", "--max-steps", "4"]) == 0
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
 

@@ -188,6 +188,7 @@ def test_draft_distills_and_reports_acceptance(
         [corpus],
         None,
         cache_dir,
+        draft_vocab_size=16,
     )
     assert 0.0 <= summary["acceptance_rate_greedy"] <= 1.0
     assert 1.0 <= summary["expected_chain_length_k4"] <= 5.0
@@ -195,6 +196,10 @@ def test_draft_distills_and_reports_acceptance(
     draft, _ = load_hf_model(tmp_path, "auto", torch.device("cpu"))
     target, _ = load_hf_model(target_dir, "auto", torch.device("cpu"))
     assert draft.config.vocab_size == target.config.vocab_size
+    from specdec.drafters.draft_vocab import DraftVocab
+
+    vocab = DraftVocab.load(tmp_path, None, draft.get_output_embeddings().weight)  # the folder's default: 16
+    assert vocab is not None and vocab.ids.numel() == 16
 
 
 def test_acceptance_of_target_against_itself_is_perfect(target_dir: Path) -> None:

@@ -3,24 +3,56 @@
 The auto model. A row whose draft position ``i`` is accepted with conditional rate ``a_i`` (``d_i``
 kept given ``d_1..d_{i-1}`` were) emits, drafting ``k`` tokens, ``E(k) = 1 + sum_{j<=k} prod_{i<=j}
 a_i`` tokens in expectation; with a constant ``a_i = α`` that is ``(1 − α^(k+1)) / (1 − α)``. A step
-over ``B`` rows drafting ``k_b`` tokens each, the longest ``w``, costs ``T = t(B + sum k_b) + w·d``:
+over ``B`` rows drafting ``k_b`` tokens each, the longest ``w``, costs ``T = t(B + sum k_b) + D(w)``:
 ``t(N)``, the target forward with verification and bookkeeping over ``N`` tokens, is a straight
 line fitted to recent steps (so verification that stops being free at a larger batch shows as
 its slope; on a backend that pads rows to the longest, ``N = B (w + 1)``, the cells its grid
-computes whatever each row drafted), and ``d`` is the measured drafting time per draft position.
+computes whatever each row drafted), and ``D(w) = d_0 + w·d`` (0 for ``w = 0``) the drafting time, a
+second line fitted to the drafting steps: ``d`` per sequential draft position and ``d_0`` per drafting
+step whatever its width (a draft model's forward over the tokens accepted last step, per-step set-up);
+until widths differ enough to fit a slope, ``d_0 = 0`` and ``d`` is the mean time per position.
 The policy picks the ``k_b`` maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``,
 plain decoding (every ``k_b = 0``) included: speculation is off for a step whose predicted speedup
-is below 1. At ``B = 1`` with a flat ``t`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
+is below 1. At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with
+``c = d / t(1)``.
 
 Estimates are online: acceptance per sequence (decayed counts, with the engine-wide pool of all
-sequences as the prior of a new one), cost per engine. Every ``probe_every`` steps the decision is
+sequences as the prior of a new one), cost per engine. In the pool, a position with few tries leans
+on the rate of the position before it (its prior), not on a constant: conditional acceptance
+changes slowly along a draft, and a constant prior below the measured rates would keep longer
+drafts from ever being tried. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
-cost line stay measured. The first step of each shape (rows, tokens, width) is not timed (it pays
+cost line stay measured; where the guard below has measured drafting steps at more than
+``FAR_ABOVE`` times the throughput of plain ones (far from switching speculation off), a plain
+probe comes only every ``FAR_PROBES`` such periods, as each one gives up the tokens of a
+speculative step. The first step of each shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
-up) is not taken as a cost per position. Any rule that fixes ``k`` before a step is drafted keeps verification
-lossless; with ``"auto"`` the rule depends on timings, so a seeded sampled request is distributed
-exactly as the target but need not repeat the same tokens run to run.
+up) is not taken as a cost per position.
+
+The guard. The model is a prediction: kernels whose cost is not linear in the tokens fed, the
+drafter catching up after steps without drafts, and per-step overheads it does not charge can make
+it speculate where speculating is slower. So the policy also measures, per number of rows in the
+step, the throughput it actually gets each way: emitted tokens per second of the steps without
+drafts (every row emits 1 token) and of the steps with drafts (rows + accepted drafts), the
+seconds of a step being all of it, ``target_seconds + draft_seconds`` (for a drafting step right
+after a plain one, the drafter's catch-up included: a real cost of switching). Each is a ratio of
+decayed sums, ``Σ tokens / Σ seconds`` (``guard_decay`` per step of that kind), with the first
+step of each shape left out as above and a step counted as at most ``OUTLIER`` times the mean step
+of its kind so far. When the model would speculate, both kinds were measured at this row count
+(decayed weight at least ``GUARD_EVIDENCE``, about three steps each) and drafting measured fewer
+tokens per second than not drafting, the step is plain (every ``k_b = 0``, counted as a step with
+speculation off). Probes go on while the guard holds: a probe step then drafts the model's ``k_b``,
+so the speculative side stays measured and speculation comes back when it pays again (shorter
+contexts, better acceptance). The key is the exact row count, not a bucket: throughput is only
+comparable between steps of the same batch (a plain step over 16 rows emits twice the tokens of
+one over 8, at a cost that is not twice), and a bucket's plain and drafting steps would come from
+different mixes of row counts (a batch draining, say); a row count seen too briefly to be measured
+both ways is left to the model.
+
+Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
+the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
+need not repeat the same tokens run to run.
 """
 
 from __future__ import annotations
@@ -34,7 +66,10 @@ AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
+FAR_ABOVE = 1.25  # measured speedup above which speculation is far from being switched off
+FAR_PROBES = 4  # there, a plain probe every FAR_PROBES * probe_every steps
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
+GUARD_EVIDENCE = 2.5  # decayed steps of each kind the guard needs at a row count before it overrides the model
 
 
 class FixedK:
@@ -78,6 +113,7 @@ class Acceptance:
     decay: float
     prior: list[float]
     prior_weight: float
+    carry: bool = False  # the prior of position i > 0 is the rate of position i - 1 (``prior[0]`` the first's)
     tried: list[float] = field(init=False)
     kept: list[float] = field(init=False)
 
@@ -97,8 +133,11 @@ class Acceptance:
 
     def rates(self) -> list[float]:
         """``[max_k]`` conditional acceptance per position."""
-        w = self.prior_weight
-        return [(a + w * p) / (t + w) for a, t, p in zip(self.kept, self.tried, self.prior)]
+        w, out = self.prior_weight, []
+        for i, (a, t, p) in enumerate(zip(self.kept, self.tried, self.prior)):
+            prior = out[-1] if self.carry and i else p
+            out.append((a + w * prior) / (t + w))
+        return out
 
 
 class LineFit:
@@ -125,16 +164,40 @@ class LineFit:
         return mt - b * mx, b
 
 
+@dataclass
+class Throughput:
+    """Measured emitted tokens per second of one kind of step, as decayed sums (``decay`` per step added)."""
+
+    decay: float
+    weight: float = 0.0  # decayed count of steps
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        if self.weight:  # a hiccup of the machine counts as at most OUTLIER times the mean step so far
+            seconds = min(seconds, OUTLIER * self.seconds / self.weight)
+        self.weight = self.weight * self.decay + 1.0
+        self.tokens = self.tokens * self.decay + tokens
+        self.seconds = self.seconds * self.decay + seconds
+
+    def rate(self) -> float:
+        """Tokens per second (0 when nothing was measured)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """Predicted seconds of a step: ``intercept + slope * tokens + draft * width``."""
+    """Predicted seconds of a step: ``intercept + slope * tokens``, plus ``draft_fixed + draft * width`` when
+    it drafts (``width > 0``)."""
 
     intercept: float
     slope: float
     draft: float
+    draft_fixed: float = 0.0
 
     def seconds(self, num_tokens: int, width: int) -> float:
-        return max(self.intercept + self.slope * num_tokens, 1e-12) + self.draft * width
+        drafting = self.draft_fixed + self.draft * width if width else 0.0
+        return max(self.intercept + self.slope * num_tokens, 1e-12) + drafting
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -194,17 +257,20 @@ class AdaptiveK:
     fastest, at most ``max_k`` (see the module docstring)."""
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
-                 cost_decay: float = 0.95, draft_decay: float = 0.8, padded: bool = False) -> None:
+                 cost_decay: float = 0.95, draft_decay: float = 0.9, guard_decay: float = 0.9,
+                 padded: bool = False) -> None:
         self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
-        self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0)
+        self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0, carry=True)
         self.target = LineFit(cost_decay)
-        self.draft_per_position: float | None = None
-        self.draft_decay = draft_decay
+        self.drafting = LineFit(draft_decay)  # drafting seconds against width, over drafting steps
         self.seqs: dict[str, Acceptance] = {}
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.steps = 0
         self.last_width = 0
         self.last_speedup = 1.0
+        self.guard_decay = guard_decay
+        self.measured: dict[int, tuple[Throughput, Throughput]] = {}  # rows -> (plain, drafting) throughput
+        self.guarded = False  # whether the last choose() found drafting measured slower than plain (the guard)
         self.metrics: BatchMetrics | None = None
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
@@ -219,12 +285,25 @@ class AdaptiveK:
             self.seqs[seq.request_id] = estimate
         return estimate
 
+    def draft_cost(self) -> tuple[float, float] | None:
+        """``(d_0, d)``: drafting seconds per drafting step and per draft position (see the module docstring),
+        or None before a drafting step was measured."""
+        weight, widths, _, seconds, _ = self.drafting.sums
+        if weight == 0:
+            return None
+        if self.drafting.spread:
+            fixed, per_position = self.drafting.line()
+            if per_position > 0:
+                return max(fixed, 0.0), per_position
+        return 0.0, seconds / widths
+
     def cost_model(self) -> CostModel | None:
         """The fitted step cost, or None until a plain and a drafting step were both measured."""
-        if not self.target.spread or self.draft_per_position is None:
+        draft = self.draft_cost()
+        if not self.target.spread or draft is None:
             return None
         a, b = self.target.line()
-        return CostModel(a, b, self.draft_per_position)
+        return CostModel(a, b, draft[1], draft[0])
 
     def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
@@ -232,12 +311,30 @@ class AdaptiveK:
         self.steps += 1
         cost = self.cost_model()
         if cost is None:  # cold start: measure a drafting step, then a plain one
-            return self._count(seqs, limits, limits if self.draft_per_position is None else [0] * len(limits))
+            return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
-        if self.steps % self.probe_every == 0:
-            ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
+        self.guarded = any(ks) and self.drafting_slower(len(seqs))
+        period = self.probe_every * (FAR_PROBES if self.measured_speedup(len(seqs)) > FAR_ABOVE else 1)
+        if self.steps % period == 0:  # invert the decision once: the other kind stays measured
+            if not self.guarded:  # (guarded, the probe drafts the model's ks)
+                ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
+        elif self.guarded:
+            ks = [0] * len(ks)
         return self._count(seqs, limits, ks)
+
+    def measured_speedup(self, rows: int) -> float:
+        """Measured tokens per second of drafting steps over plain ones at ``rows`` rows, or 1 while
+        either was measured too little to go by (the guard; see the module docstring)."""
+        plain, drafting = self.measured.get(rows, (None, None))
+        if plain is None or min(plain.weight, drafting.weight) < GUARD_EVIDENCE:
+            return 1.0
+        return drafting.rate() / max(plain.rate(), 1e-12)
+
+    def drafting_slower(self, rows: int) -> bool:
+        """Whether steps over ``rows`` rows were measured both with and without drafts (enough to go
+        by) and drafting emitted fewer tokens per second (the guard)."""
+        return self.measured_speedup(rows) < 1.0
 
     def _count(self, seqs: list[Sequence], limits: list[int], ks: list[int]) -> list[int]:
         """Count the step's choices (rows that could draft only) in each request's and the engine's metrics."""
@@ -261,21 +358,27 @@ class AdaptiveK:
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
+        # The guard's measurement: everything the step cost, the drafter's catch-up included.
+        rows = len(seqs)
+        plain, drafting = self.measured.setdefault(rows, (Throughput(self.guard_decay), Throughput(self.guard_decay)))
+        seconds = step.target_seconds + step.draft_seconds
+        if step.width:
+            drafting.add(rows + sum(num_accepted), seconds)
+        else:
+            plain.add(rows, seconds)
         cost = self.cost_model()
         target = step.target_seconds
         if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
             target = min(target, OUTLIER * max(cost.seconds(step.num_tokens, 0), 1e-9))
         self.target.add(step.num_tokens, target)
-        # After a step without drafts the drafter first catches up on the tokens it missed: not a
-        # cost per position.
+        # After a step without drafts the drafter first catches up on the tokens it missed: not the
+        # cost of a drafting step in the steady state.
         if step.width and last_width:
-            per_position = step.draft_seconds / step.width
-            old = self.draft_per_position
-            if old is None:
-                self.draft_per_position = per_position
-            else:
-                per_position = min(per_position, OUTLIER * old)
-                self.draft_per_position = self.draft_decay * old + (1 - self.draft_decay) * per_position
+            draft = self.draft_cost()
+            seconds = step.draft_seconds
+            if draft is not None:
+                seconds = min(seconds, OUTLIER * (draft[0] + draft[1] * step.width))
+            self.drafting.add(step.width, seconds)
 
     def release(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)

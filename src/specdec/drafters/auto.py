@@ -49,6 +49,7 @@ from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
 EXPLORATION = 0.05  # probability that a row's step goes to a uniformly random candidate
+SWITCH_MARGIN = 0.05  # a request leaves its candidate for one estimated at least this much faster
 REQUEST_DECAY = 0.9  # per-request throughput sums decay by this per update of the same candidate
 POOL_DECAY = 0.99  # the engine-wide sums (the prior of every request) decay slower
 MAX_AUTO_CANDIDATES = 8
@@ -74,7 +75,9 @@ class ThroughputBandit:
     A request's estimate of an arm is its own decayed sums plus one pseudo-step of the engine-wide
     average of that arm (the pool: what other requests measured). An arm nobody has measured yet
     is tried first (arms in order); otherwise the best estimate wins, except with probability
-    ``exploration``, when a uniformly random arm is drafted with instead. ``rng`` drives the
+    ``exploration``, when a uniformly random arm is drafted with instead. A request that drafted with
+    ``current`` last stays with it unless another arm's estimate beats it by ``SWITCH_MARGIN`` (a switch
+    costs a catch-up step, which noise between near-equal arms should not buy). ``rng`` drives the
     exploration only (never a request's own generator, so sampled tokens are untouched).
     """
 
@@ -95,12 +98,15 @@ class ThroughputBandit:
             tokens, seconds = tokens + own[arm].tokens, seconds + own[arm].seconds
         return tokens / max(seconds, 1e-12)
 
-    def choose(self, key: str) -> int:
-        """The arm request ``key`` drafts with this step."""
+    def choose(self, key: str, current: int | None = None) -> int:
+        """The arm request ``key`` drafts with this step (``current``: the one it drafted with last)."""
         if self.num_arms > 1 and self.rng.random() < self.exploration:
             return self.rng.randrange(self.num_arms)
         rates = [self.rate(key, arm) for arm in range(self.num_arms)]
-        return max(range(self.num_arms), key=rates.__getitem__)
+        best = max(range(self.num_arms), key=rates.__getitem__)
+        if current is not None and rates[best] < (1 + SWITCH_MARGIN) * rates[current]:
+            return current
+        return best
 
     def update(self, key: str, arm: int, tokens: float, seconds: float) -> None:
         """Request ``key`` emitted ``tokens`` in ``seconds`` (its share of a step) drafting with ``arm``."""
@@ -255,7 +261,7 @@ class AutoDrafter(Drafter):
         if key in self.switched:
             self.switched.discard(key)
             return last
-        arm = self.bandit.choose(key)
+        arm = self.bandit.choose(key, last)
         if last is not None and arm != last:
             self.switched.add(key)
         self.last_arm[key] = arm

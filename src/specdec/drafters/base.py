@@ -58,6 +58,9 @@ class SpeculativeConfig:
     ``lookahead_window`` (W), ``lookahead_ngram`` (N) and ``lookahead_guesses`` (G): lookahead's
     Jacobi window length, n-gram size (the window keeps N - 1 iterations of its trajectory) and
     most pooled n-grams per first token, which are also the most verification candidates per step.
+    ``draft_vocab_size``: a method with ``draft_vocab`` scores only this many of the most frequent tokens
+    (0: the whole vocabulary; None: the default stored with its folder's token counts, if any;
+    :mod:`specdec.drafters.draft_vocab`).
     """
 
     method: str
@@ -79,6 +82,7 @@ class SpeculativeConfig:
     lookahead_window: int = 2
     lookahead_ngram: int = 4
     lookahead_guesses: int = 2
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -104,6 +108,13 @@ class SpeculativeConfig:
         if candidates > 1 and not DRAFTERS[self.method].tree_drafts:
             raise SpecDecError(f"speculative method {self.method!r} does not choose among several candidates per "
                                f"step: it takes no num_candidates > 1")
+        size = self.draft_vocab_size
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise SpecDecError(f"draft_vocab_size must be an integer >= 0 (0: the whole vocabulary), got {size!r}")
+            if not DRAFTERS[self.method].draft_vocab:
+                raise SpecDecError(f"speculative method {self.method!r} takes no draft_vocab_size: it scores no "
+                                   "vocabulary with an output head")
         if self.model is not None and not isinstance(self.model, (str, os.PathLike, PreTrainedModel)):
             raise SpecDecError(f"a draft 'model' is a folder, a hub id or a PreTrainedModel, got {self.model!r}")
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
@@ -239,6 +250,8 @@ class Drafter(ABC):
     #: Whether the method reads the target's argmax at every fed position of its drafts; the engine then
     #: hands it over through ``observe_node_argmax``.
     wants_node_argmax: ClassVar[bool] = False
+    #: Whether the method can score a reduced vocabulary from its folder's token counts (``draft_vocab_size``).
+    draft_vocab: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:

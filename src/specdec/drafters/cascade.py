@@ -163,7 +163,7 @@ class CascadeDrafter(Drafter):
         ends = batch.cu_seqlens[1:]
         grid = [end - 1 - max(0, n - i) for end, n in zip(ends, draft.num_draft) for i in range(width + 1)]
         batch.logits_rows = to_device(grid, self.mid.model.device)
-        logits = self.mid.model.forward(batch, cache).logits.view(len(views), width + 1, -1)
+        logits = self.mid.forward(batch).view(len(views), width + 1, -1)  # its draft vocabulary, if any
         if rows.all_greedy:
             result = [row + [greedy_accepted(row, d, n)]
                       for row, d, n in zip(argmax(logits).tolist(), drafted, draft.num_draft)]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from specdec.argmax import argmax
@@ -15,6 +18,7 @@ from specdec.drafters.base import (
     narrow_rows,
     register_drafter,
 )
+from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
 from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
@@ -48,16 +52,22 @@ class DraftModelDrafter(Drafter):
     that were rejected. A row draws from its generator only for its own ``ks[b]`` drafts.
     A draft whose tokenizer differs from the target's is built as a
     :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter` (drafts converted through text).
+    With a draft vocabulary (``draft_vocab_size``, or the default stored with the draft folder's token
+    counts; :mod:`specdec.drafters.draft_vocab`) every draft forward scores only those rows of the
+    draft's output head (fast backend).
     """
 
     method = "draft_model"
     description = "draft model: a smaller LM with the target's vocabulary samples k tokens"
     needs_model = True
     confidence_stop = True
+    draft_vocab = True
 
-    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None) -> None:
+    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None,
+                 vocab: DraftVocab | None = None) -> None:
         self.model = model
         self.threshold = threshold
+        self.vocab = vocab
         self.capacity = min(max_model_len, model.max_length)
         self.cache = model.new_cache(num_slots, self.capacity)
 
@@ -75,11 +85,10 @@ class DraftModelDrafter(Drafter):
         target_tokenizer = options.target_tokenizer
         if (draft_tokenizer is not None and target_tokenizer is not None
                 and draft_tokenizer.get_vocab() != target_tokenizer.get_vocab()):
-            if config.draft_confidence_threshold is not None:
-                raise SpecDecError(
-                    f"draft_confidence_threshold is not supported with a draft whose tokenizer differs from the "
-                    f"target's (draft model {model.name!r})"
-                )
+            for name in ("draft_confidence_threshold", "draft_vocab_size"):
+                if getattr(config, name):
+                    raise SpecDecError(f"{name} is not supported with a draft whose tokenizer differs from the "
+                                       f"target's (draft model {model.name!r})")
             from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter  # a subclass: imports this module
 
             return CrossTokenizerDrafter(model, draft_tokenizer, target_tokenizer, target.vocab_size,
@@ -92,7 +101,24 @@ class DraftModelDrafter(Drafter):
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "
                 f"{target.name!r} has {target.vocab_size}{why}; the draft and the target must share a vocabulary"
             )
-        return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold)
+        return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold,
+                   cls._vocab(config, model))
+
+    @staticmethod
+    def _vocab(config: SpeculativeConfig, model: CausalLM) -> DraftVocab | None:
+        """The draft vocabulary of ``config`` for ``model`` from its folder's counts, or None. A folder's
+        default is left unused on a backend that cannot score part of the head; an explicit size is refused."""
+        size = config.draft_vocab_size
+        if size == 0:
+            return None
+        source = getattr(config.model, "name_or_path", config.model)  # a loaded model: the folder it came from
+        folder = Path(source) if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() else None
+        if not model.supports_layer_subsets:
+            if size is None:
+                return None
+            raise SpecDecError(f"draft_vocab_size needs the draft model on the fast backend (Llama, Qwen2, Mistral); "
+                               f"{model.name!r} runs on {type(model).__name__}")
+        return DraftVocab.load(folder, size, model.lm_head)
 
     def add(self, seqs: list[Sequence]) -> None:
         """Prefill the prompts but their pending token (prompts longer than the draft's context are
@@ -115,13 +141,15 @@ class DraftModelDrafter(Drafter):
         cached = [self.cache.lengths[seqs[b].slot] for b in active]
         batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
-        logits = self.model.forward(batch, self.cache).logits
+        logits = self.forward(batch)
         if rows.all_greedy and self.threshold is None and all(ks[b] == width for b in active):
             # The whole greedy proposal after the first token in one call (one graph on a GPU).
             first = argmax(logits)
             drafts = first[:, None]
             if width > 1:
-                chain = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache, width - 1)
+                ids = None if self.vocab is None else self.vocab.ids
+                chain = self.model.greedy_chain(first, [seqs[b].slot for b in active], self.cache, width - 1,
+                                                head_rows(self.vocab), ids)
                 drafts = torch.cat([drafts, chain], dim=1)
             if len(active) == len(seqs):
                 return DraftBatch(drafts, ks)
@@ -143,9 +171,14 @@ class DraftModelDrafter(Drafter):
                 break
             active, rows, (token, index) = narrow_rows(still, active, rows, token, index)
             step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], self.cache)
-            logits = self.model.forward(step, self.cache).logits
+            logits = self.forward(step)
         width = max(ks)
         return DraftBatch(tokens[:, :width], ks, None if probs is None else probs[:, :width])
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The draft's forward over its pool: logits ``[M, V]`` (``-inf`` outside the draft vocabulary)."""
+        batch.output_head = head_rows(self.vocab)
+        return full_logits(self.vocab, self.model.forward(batch, self.cache).logits)
 
     def _confident(self, logits: torch.Tensor, i: int, ks: list[int], active: list[int]) -> list[int]:
         """Early stop (``draft_confidence_threshold``): a row ``active[j]`` whose top draft probability

@@ -21,7 +21,14 @@ from specdec.drafters.base import (
     draft_probs,
     register_drafter,
 )
-from specdec.drafters.heads.common import EARLY_EXIT, load_module, load_spec_and_state, resolve_folder, target_weights
+from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
+from specdec.drafters.heads.common import (
+    EARLY_EXIT,
+    load_module,
+    load_spec_and_state,
+    resolve_folder,
+    target_weights,
+)
 from specdec.drafters.heads.modules import EarlyExitAdapter
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
@@ -76,17 +83,22 @@ class LayerSkipDrafter(Drafter):
     The trained early-exit form (``early_exit``, or a ``model`` folder) is the skip set ``L..n-1``
     with ``adapter`` applied to layer ``L - 1``'s output before the target's final norm and head
     (:attr:`~specdec.models.base.ForwardBatch.exit_adapter`); everything else is the same, so
-    verification runs only layers ``L..``.
+    verification runs only layers ``L..``. Its folder's draft vocabulary (``draft_vocab_size``,
+    :mod:`specdec.drafters.draft_vocab`) scores only the most frequent tokens
+    (:attr:`~specdec.models.base.ForwardBatch.output_head`), and the last forward, which feeds the
+    last draft only for its hidden state, runs no output head at all.
     """
 
     method = "layer_skip"
     description = ("self-speculation: the target drafts with a subset of its layers (skip set by calibration), "
                    "or an early exit with a trained adapter")
     optional_model = True
+    draft_vocab = True
 
-    def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int, adapter: nn.Module | None = None
-                 ) -> None:
-        self.target, self.k, self.adapter = target, k, adapter
+    def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int, adapter: nn.Module | None = None,
+                 vocab: DraftVocab | None = None) -> None:
+        self.target, self.k, self.adapter, self.vocab = target, k, adapter, vocab
+        self.no_head = target_weights(target)[1][:0]  # [0, H]: a forward for hidden states only
         self.cache: KVCache | None = None
         self.skip: tuple[int, ...] | None = None
         self.calibration: dict[tuple[int, ...], float] = {}
@@ -100,10 +112,14 @@ class LayerSkipDrafter(Drafter):
         if config.model is not None and not isinstance(config.model, (str, os.PathLike)):
             raise SpecDecError("speculative method 'layer_skip' takes as 'model' a folder with an early-exit adapter "
                                f"(`specdec train early-exit`), got {type(config.model).__name__}")
+        trained = config.early_exit or config.model is not None
+        if config.draft_vocab_size and not trained:
+            raise SpecDecError("layer_skip takes a draft_vocab_size only with its trained early exit (the adapter "
+                               "folder's token counts choose the tokens)")
         skip = config.skip_layers
         if skip is None:
             return
-        if config.early_exit or config.model is not None:
+        if trained:
             raise SpecDecError("layer_skip's early exit takes no skip_layers: its adapter's exit layer sets them")
         if (not isinstance(skip, (list, tuple)) or not skip
                 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in skip)
@@ -138,7 +154,8 @@ class LayerSkipDrafter(Drafter):
                                f"outside 1..{n - 1} for the {n} layers of {target.name!r}")
         adapter = EarlyExitAdapter(spec.hidden_size, spec.intermediate_size, spec.rms_norm_eps)
         adapter = load_module(adapter.to(target.device, target.dtype), state, folder)
-        return cls(target, tuple(range(spec.exit_layer, n)), config.max_k, adapter)
+        return cls(target, tuple(range(spec.exit_layer, n)), config.max_k, adapter,
+                   DraftVocab.load(folder, config.draft_vocab_size, lm_head))
 
     def _use(self, skip: tuple[int, ...]) -> None:
         n = self.target.num_layers
@@ -196,9 +213,14 @@ class LayerSkipDrafter(Drafter):
         active, rows = list(range(len(seqs))), sampling
         feed = to_device([s.token_ids[-1] for s in seqs], device)
         for i in range(width + 1):
-            # Every row in ``active`` feeds its token i (the pending token, then its drafts).
+            # Every row in ``active`` feeds its token i (the pending token, then its drafts); the last forward
+            # (no row drafts on) is only for the hidden states verification resumes from.
+            drafts_on = any(ks[b] > i for b in active)
+            if not drafts_on and self.remaining is None:
+                break
             batch = ForwardBatch.one_token_per_row(feed, [slots[b] for b in active], cache)
             batch.layers, batch.exit_adapter = self.run_layers, self.adapter
+            batch.output_head = head_rows(self.vocab) if drafts_on else self.no_head
             batch.hidden_layers = (self.reuse,) if self.remaining is not None else ()
             out = target.forward(batch, cache)
             index = to_device(active, device)
@@ -209,7 +231,7 @@ class LayerSkipDrafter(Drafter):
             drafting = [j for j, b in enumerate(active) if ks[b] > i]
             if not drafting:
                 break
-            logits = out.logits
+            logits = full_logits(self.vocab, out.logits)
             if len(drafting) < len(active):
                 keep = to_device(drafting, device)
                 logits, index, rows = logits[keep], index[keep], rows.select(drafting)

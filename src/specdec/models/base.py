@@ -24,7 +24,10 @@ Terms (shapes are the point):
 - ``exit_adapter``: a function ``[M, H] -> [M, H]`` applied to the last run layer's output of the
   wanted rows before the final norm and the output head (a trained early exit); the returned
   hidden states are the layers' own.
-  These three need a backend with ``supports_layer_subsets``.
+- ``output_head`` ``[V', H]`` or None: score the wanted rows with these rows of the output head
+  instead of the whole ``[V, H]`` head (a drafter's reduced vocabulary: logits are ``[M, V']``);
+  ``[0, H]`` skips the head while the hidden states are still returned.
+  These four need a backend with ``supports_layer_subsets``.
 
 Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
 forgotten without touching the accepted ones. After a tree step the accepted path's entries are
@@ -71,6 +74,7 @@ class ForwardBatch:
     layers: tuple[int, ...] | None = None
     input_hidden: torch.Tensor | None = None
     exit_adapter: Callable[[torch.Tensor], torch.Tensor] | None = None
+    output_head: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -204,15 +208,22 @@ class CausalLM(ABC):
         """Write the batch's keys and values into its slots, advance their lengths and return
         the wanted logits (and hidden states)."""
 
-    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: KVCache, steps: int) -> torch.Tensor:
+    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: KVCache, steps: int,
+                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy continuation of one token per row: feed ``tokens`` ``[B]`` (row ``b`` into slot
         ``slots[b]`` at its cached length), then each row's argmax, ``steps`` forwards in all.
         Returns the argmax after every fed token, ``[B, steps]``; each slot grows by ``steps``.
         The draft loop of a greedy draft model; a backend may run it as one captured graph.
+        With ``output_head`` ``[V', H]`` (:attr:`ForwardBatch.output_head`), the argmax is over those rows
+        of the head only, ``token_ids`` ``[V']`` their token ids.
         """
         out = []
         for _ in range(steps):
-            tokens = argmax(self.forward(ForwardBatch.one_token_per_row(tokens, slots, cache), cache).logits)
+            batch = ForwardBatch.one_token_per_row(tokens, slots, cache)
+            batch.output_head = output_head
+            tokens = argmax(self.forward(batch, cache).logits)
+            if token_ids is not None:
+                tokens = token_ids[tokens]
             out.append(tokens)
         return torch.stack(out, dim=1)
 

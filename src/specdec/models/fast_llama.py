@@ -383,22 +383,25 @@ class FastLlamaLM(CausalLM):
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and output head: ``[M, H]`` -> logits ``[M, V]``."""
-        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
+    def head(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final norm and output head: ``[M, H]`` -> logits ``[M, V]`` (``[M, V']`` scored with ``rows``
+        ``[V', H]`` of the head instead of all of it)."""
+        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head if rows is None else rows)
 
     @torch.inference_mode()
-    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int) -> torch.Tensor:
+    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int,
+                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         fits = all(cache.lengths[s] + steps <= cache.capacity for s in slots)
         if self.device.type == "cpu" and fits and len(slots) == 1:
-            return self._one_row_chain(tokens, slots[0], cache, steps)
-        if not (self.use_cuda_graphs and fits):
-            return super().greedy_chain(tokens, slots, cache, steps)
+            return self._one_row_chain(tokens, slots[0], cache, steps, output_head, token_ids)
+        if not (self.use_cuda_graphs and fits) or output_head is not None:
+            return super().greedy_chain(tokens, slots, cache, steps, output_head, token_ids)
         if cache.graphs is None:
             cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
         return replay_greedy_chain(self, tokens, slots, cache, steps)
 
-    def _one_row_chain(self, token: torch.Tensor, slot: int, cache: StaticKVPool, steps: int) -> torch.Tensor:
+    def _one_row_chain(self, token: torch.Tensor, slot: int, cache: StaticKVPool, steps: int,
+                       output_head: torch.Tensor | None, token_ids: torch.Tensor | None) -> torch.Tensor:
         """:meth:`greedy_chain` for one row without graphs (a batch-1 draft on a CPU): each step is
         the grid of :meth:`_single_row_grid` built in place, with no batch, positions tensor or
         output object, since per-call Python is most of a small draft's step there. ``[1, steps]``."""
@@ -407,7 +410,9 @@ class FastLlamaLM(CausalLM):
         for i in range(steps):
             g = Grid(1, 1, start + i + 1, token, None, None, None, None, None, slot, needs_mask=False,
                      write_range=(slot, start + i))
-            token = argmax(self.head(self.compute(g, cache)[0]))
+            token = argmax(self.head(self.compute(g, cache)[0], output_head))
+            if token_ids is not None:
+                token = token_ids[token]
             out.append(token)
         cache.lengths[slot] += steps
         return torch.stack(out, dim=1)
@@ -415,7 +420,8 @@ class FastLlamaLM(CausalLM):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
         self.check_fits(batch, cache)
-        subset = batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None
+        subset = batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None or \
+            batch.output_head is not None
         shape = graph_shape(self, batch, cache) if self.use_cuda_graphs and not subset else None
         if shape is not None:
             if cache.graphs is None:
@@ -453,4 +459,4 @@ class FastLlamaLM(CausalLM):
             )
         if batch.exit_adapter is not None:
             last = batch.exit_adapter(last)
-        return ForwardOutput(self.head(last), out_hidden)
+        return ForwardOutput(self.head(last, batch.output_head), out_hidden)

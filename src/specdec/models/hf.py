@@ -76,8 +76,10 @@ class HFCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch, cache: DynamicCachePool) -> ForwardOutput:
         if batch.tree_mask is not None:
             raise SpecDecError(f"{self.name}: tree attention masks need the fast backend (Llama, Qwen2, Mistral)")
-        if batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None:
-            raise SpecDecError(f"{self.name}: a subset of layers needs the fast backend (Llama, Qwen2, Mistral)")
+        if batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None or \
+                batch.output_head is not None:
+            raise SpecDecError(f"{self.name}: a subset of layers or of the output head needs the fast backend "
+                               "(Llama, Qwen2, Mistral)")
         self.check_fits(batch, cache)
         want_hidden = bool(batch.hidden_layers)
         wanted = batch.logits_rows

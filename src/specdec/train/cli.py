@@ -1,5 +1,5 @@
-"""The ``specdec train`` command: ``tokenizer``, ``lm``, ``draft`` and ``medusa``/``eagle``/``mtp``/``early-exit``
-sub-commands.
+"""The ``specdec train`` command: ``tokenizer``, ``lm``, ``draft``, ``medusa``/``eagle``/``mtp``/``early-exit`` and
+``token-counts`` sub-commands.
 
 torch and transformers are imported inside the handlers so that the CLI starts fast.
 ``python -m specdec.train.cli ...`` runs the same sub-commands without the rest of the CLI.
@@ -155,6 +155,7 @@ def _run_draft(args: argparse.Namespace) -> int:
         corpus_dirs=args.corpus,
         tokenizer_dir=args.tokenizer,
         cache_dir=args.cache_dir,
+        draft_vocab_size=args.draft_vocab_size,
     )
     _print_summary(
         summary,
@@ -181,9 +182,18 @@ def _run_heads(args: argparse.Namespace) -> int:
                           acceptance_prompts=args.acceptance_prompts, acceptance_tokens=args.acceptance_tokens,
                           exit_layer=getattr(args, "exit_layer", None),
                           feature_layers=getattr(args, "feature_layers", None) or (),
-                          feature_weight=getattr(args, "feature_weight", FEATURE_WEIGHT))
+                          feature_weight=getattr(args, "feature_weight", FEATURE_WEIGHT),
+                          draft_vocab_size=args.draft_vocab_size)
     _print_summary(summary, ["steps", "tokens", "wall_time_s", "final_train_loss", "final_heldout_loss",
                              "heldout_tau", "heldout_acceptance_per_position"])
+    return 0
+
+
+def _run_token_counts(args: argparse.Namespace) -> int:
+    from specdec.train.heads import write_token_counts
+
+    total = write_token_counts(args.target, args.out, args.corpus, args.cache_dir, args.draft_vocab_size)
+    print(f"wrote the counts of {total} training tokens to {args.out}")
     return 0
 
 
@@ -197,6 +207,12 @@ def _layer_list(text: str) -> list[int]:
 
 EARLY_EXIT_INTERMEDIATE = 128
 """Default MLP width of an early-exit adapter (about 200K parameters on a 512-wide target)."""
+
+
+def _add_draft_vocab_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-vocab-size", type=int, default=0, metavar="N",
+                        help="the folder's default draft vocabulary: draft with only the N most frequent training "
+                        "tokens (speculative_config's draft_vocab_size overrides; default 0: the whole vocabulary)")
 
 
 def _add_heads(sub: argparse._SubParsersAction) -> None:
@@ -229,6 +245,7 @@ def _add_heads(sub: argparse._SubParsersAction) -> None:
             shape.add_argument("--feature-weight", type=float, default=1.0,
                                help="weight of the feature regression next to the KL term (default 1)")
         _add_train_flags(p, 1e-3)
+        _add_draft_vocab_size(p)
         evaluation = p.add_argument_group("held-out measurement")
         evaluation.add_argument("--acceptance-prompts", type=int, default=32,
                                 help="held-out code prompts decoded with the heads at the end (default 32)")
@@ -291,8 +308,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     distill.add_argument(
         "--acceptance-tokens", type=int, default=64, help="target tokens per prompt (default 64)"
     )
+    _add_draft_vocab_size(distill)
     draft.set_defaults(func=_run_draft)
     _add_heads(sub)
+
+    counts = sub.add_parser("token-counts", help="write the token counts of a head or draft model folder (its draft "
+                            "vocabulary)")
+    _add_corpus(counts)
+    counts.add_argument("--target", required=True, type=Path, help="the target the heads were trained for")
+    counts.add_argument("--out", required=True, type=Path, help="the head or draft model folder")
+    counts.add_argument("--cache-dir", type=Path, default=None, help="token cache folder (default ~/.cache/specdec)")
+    _add_draft_vocab_size(counts)
+    counts.set_defaults(func=_run_token_counts)
 
 
 def main(argv: list[str] | None = None) -> int:

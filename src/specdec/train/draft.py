@@ -229,17 +229,23 @@ def train_draft(
     corpus_dirs: Sequence[str | os.PathLike[str]] | None = None,
     tokenizer_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    draft_vocab_size: int = 0,
 ) -> dict[str, Any]:
     """Distill a draft with the shape of ``preset`` from the target in ``target_dir``; return the summary.
 
     The summary includes the greedy acceptance of the saved draft against the saved target on
-    held-out code prompts (:func:`greedy_acceptance`).
+    held-out code prompts (:func:`greedy_acceptance`). The folder also gets the training split's token
+    counts, with ``draft_vocab_size`` its default draft vocabulary (:mod:`specdec.drafters.draft_vocab`).
     """
     import torch
     from transformers import LlamaForCausalLM
 
+    from specdec.drafters.draft_vocab import save_token_counts
+    from specdec.train.heads import check_draft_vocab_size
+
     settings.validate()
     distill.validate()
+    check_draft_vocab_size(draft_vocab_size)
     target_dir = Path(target_dir)
     device = resolve_device("auto")
     amp = autocast_dtype(device)
@@ -272,6 +278,7 @@ def train_draft(
         )
     context = min(preset.context, max_positions)
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
+    save_token_counts(settings.out_dir, train_blocks.blocks, int(target.config.vocab_size), draft_vocab_size)
 
     generated = None
     if distill.generated_fraction > 0:

@@ -169,6 +169,36 @@ def measure_heads(target_dir: Path, heads_dir: Path, method: str, k: int, prompt
     }
 
 
+def check_draft_vocab_size(size: object) -> None:
+    """``--draft-vocab-size``: an integer >= 0."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise SpecDecError(f"--draft-vocab-size must be an integer >= 0 (0: the whole vocabulary), got {size}")
+
+
+def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLike[str],
+                       corpus_dirs: Sequence[str | os.PathLike[str]] | None = None,
+                       cache_dir: str | os.PathLike[str] | None = None, draft_vocab_size: int = 0) -> int:
+    """Write the counts of the training split's tokens (the target's tokenizer) into ``out`` (a head or draft
+    model folder), with ``draft_vocab_size`` its default draft vocabulary: what the trainers write at the start
+    of a run, for folders trained before they did; returns the tokens counted."""
+    from transformers import AutoConfig
+
+    from specdec.drafters.draft_vocab import save_token_counts
+    from specdec.train.corpus import split_files, token_stream
+
+    if not Path(out).is_dir():
+        raise SpecDecError(f"{str(out)!r} is not a folder")
+    tokenizer = check_eos(load_tokenizer(target_dir, required=True), target_dir)
+    try:
+        vocab = int(AutoConfig.from_pretrained(target_dir).vocab_size)
+    except (OSError, ValueError) as exc:
+        raise SpecDecError(f"cannot read the target's config in {str(target_dir)!r}: {exc}") from exc
+    stream = token_stream(split_files(corpus_dirs)["train"], tokenizer, cache_dir)
+    check_draft_vocab_size(draft_vocab_size)
+    save_token_counts(out, stream, vocab, draft_vocab_size)
+    return len(stream)
+
+
 def _exit_layer(exit_layer: int | None, num_layers: int) -> int:
     """``exit_layer`` checked against a target of ``num_layers`` layers (None: half of them)."""
     layer = num_layers // 2 if exit_layer is None else exit_layer
@@ -190,13 +220,16 @@ def train_heads(
     exit_layer: int | None = None,
     feature_layers: Sequence[int] = (),
     feature_weight: float = FEATURE_WEIGHT,
+    draft_vocab_size: int = 0,
 ) -> dict[str, Any]:
     """Train ``method`` heads for the target in ``target_dir`` into ``settings.out_dir``; return the summary.
     ``exit_layer`` (early_exit): the adapter reads the output of layers ``0..L-1`` (None: half the layers).
     ``feature_layers`` (eagle): the target's hidden states fused into the layer's input (EAGLE-3);
-    ``feature_weight`` (eagle): the weight of the feature regression."""
+    ``feature_weight`` (eagle): the weight of the feature regression. ``draft_vocab_size``: the folder's default
+    draft vocabulary (0: the whole one), stored with the training split's token counts the folder always gets."""
     import torch
 
+    from specdec.drafters.draft_vocab import save_token_counts
     from specdec.drafters.heads.common import HeadSpec, save_heads, spec_for
     from specdec.drafters.heads.eagle import check_feature_layers
 
@@ -206,6 +239,7 @@ def train_heads(
         raise SpecDecError(f"feature layers and the feature weight are eagle options, not {method} ones")
     if not feature_weight >= 0:
         raise SpecDecError(f"the feature weight must be a non-negative number, got {feature_weight}")
+    check_draft_vocab_size(draft_vocab_size)
     settings.validate()
     target_dir = Path(target_dir)
     device = resolve_device("auto")
@@ -224,6 +258,7 @@ def train_heads(
                         feature_layers=check_feature_layers(list(feature_layers), target.config.num_hidden_layers))
     context = min(preset.context, target.config.max_position_embeddings)
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
+    save_token_counts(settings.out_dir, train_blocks.blocks, int(lm_head.shape[0]), draft_vocab_size)
     torch.manual_seed(settings.seed)
     module = build_module(method, spec, embed, lm_head)
     module.config = spec  # the loop's checkpoints write it as config.json

@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.drafters.base import Drafter, LoadOptions, SpeculativeConfig
+from specdec.drafters.draft_vocab import DraftVocab, full_logits
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.sequence import Sequence
@@ -153,7 +156,7 @@ def load_spec_and_state(folder: Path, method: str, lm_head: torch.Tensor,
                            f"train heads for this target with `{_train_command(method)}`")
     try:
         state = load_file(str(folder / WEIGHTS_FILE))
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise SpecDecError(f"cannot read the head weights in {str(folder)!r}: {exc}") from exc
     return spec, state
 
@@ -173,6 +176,7 @@ class HeadDrafter(Drafter):
 
     hidden_layers: ClassVar[tuple[int, ...]] = (-1,)
     optional_model: ClassVar[bool] = True
+    draft_vocab = True
     #: Whether the method fuses the target layers of ``HeadSpec.feature_layers`` (else a folder with them is refused).
     fuses_features: ClassVar[bool] = False
 
@@ -181,6 +185,7 @@ class HeadDrafter(Drafter):
         self.embed, self.lm_head = target_weights(target)
         self.features: dict[str, list[torch.Tensor]] = {}
         self.num_candidates = 1  # > 1: tree drafts (methods with ``tree_drafts``), set by ``from_config``
+        self.vocab: DraftVocab | None = None  # a reduced draft vocabulary, set by ``from_config``
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -202,6 +207,7 @@ class HeadDrafter(Drafter):
                 f"Mistral); {target.name!r} runs on transformers' forward: use num_candidates=1")
         drafter = cls.build(target, spec, state, folder, options)
         drafter.num_candidates = config.num_candidates
+        drafter.vocab = DraftVocab.load(folder, config.draft_vocab_size, lm_head)
         return drafter
 
     @classmethod
@@ -209,6 +215,17 @@ class HeadDrafter(Drafter):
               options: LoadOptions) -> HeadDrafter:
         """The drafter with its loaded module (each method builds its own)."""
         raise NotImplementedError
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """``features`` ``[..., H]`` scored by the target's head (its draft vocabulary's rows, ``-inf`` for the
+        other tokens): ``[..., V]``."""
+        head = self.lm_head if self.vocab is None else self.vocab.head
+        return full_logits(self.vocab, F.linear(features, head))
+
+    @property
+    def num_scored(self) -> int:
+        """How many tokens the drafter can propose (``V'``, or ``V`` without a draft vocabulary)."""
+        return int(self.lm_head.shape[0] if self.vocab is None else self.vocab.ids.shape[0])
 
     def observe_hidden(self, seqs: list[Sequence], hidden: list[torch.Tensor]) -> None:
         """Buffers ``hidden[b]`` ``[n, len(hidden_layers), H]`` as ``[n, len(hidden_layers) * H]``."""

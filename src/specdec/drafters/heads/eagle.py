@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, narrow_rows, register_drafter
+from specdec.drafters.draft_vocab import full_logits, head_rows
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
 from specdec.errors import SpecDecError
@@ -110,6 +111,12 @@ class EagleDrafter(HeadDrafter):
         super().release(seq)
         self.cache.release(seq.slot)
 
+    def _forward(self, batch: ForwardBatch) -> ForwardOutput:
+        """The layer's forward over its pool, logits ``[M, V]`` (scored with the draft vocabulary, if any)."""
+        batch.output_head = head_rows(self.vocab)
+        out = self.layer.forward(batch, self.cache)
+        return ForwardOutput(full_logits(self.vocab, out.logits), out.hidden)
+
     def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.module.inputs(features, F.embedding(tokens, self.embed))
 
@@ -139,7 +146,7 @@ class EagleDrafter(HeadDrafter):
                              logits_rows=host[2 * n :], hidden_layers=(-1,))
         batch.input_hidden = self._inputs(self.module.fused(torch.cat(features)), host[:n])
         committed = {seqs[b].slot: cache.lengths[seqs[b].slot] + c for b, c in zip(fed, batch.num_tokens)}
-        out = self.layer.forward(batch, cache)
+        out = self._forward(batch)
         if self.num_candidates > 1:
             return self._propose_tree(seqs, ks, fed, out, committed)
         # 2. Draft autoregressively, the rows that still draft feeding (predicted feature, last draft).
@@ -162,7 +169,7 @@ class EagleDrafter(HeadDrafter):
                 step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], cache)
                 step.hidden_layers = (-1,)
                 step.input_hidden = self._inputs(feature, token)
-                out = self.layer.forward(step, cache)
+                out = self._forward(step)
                 logits, feature = out.logits, out.hidden[:, 0]
         for slot, length in committed.items():
             cache.set_length(slot, length)
@@ -213,7 +220,7 @@ class EagleDrafter(HeadDrafter):
                                  tree_mask=mask[:, 1:, 1:].reshape(count * width, width), logits_rows=wanted,
                                  hidden_layers=(-1,))
             batch.input_hidden = self._inputs(parent_features.reshape(-1, root.shape[-1]), tokens.reshape(-1))
-            step = self.layer.forward(batch, cache)
+            step = self._forward(batch)
             grown = root.new_zeros(count, tree.tokens.shape[1], root.shape[-1])
             grown[:, : predicted.shape[1]] = predicted
             grown.scatter_(1, frontier[:, :, None].expand(count, r, root.shape[-1]),

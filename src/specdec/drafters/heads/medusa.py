@@ -9,7 +9,6 @@ from functools import cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module
@@ -84,7 +83,7 @@ class MedusaDrafter(HeadDrafter):
         rows = sampling.select(active) if len(active) < len(seqs) else sampling
         with torch.inference_mode():
             heads = self.module(torch.stack([features[b] for b in active]))[:, :width]  # [A, K, H]
-            logits = F.linear(heads, self.lm_head)  # [A, K, V]
+            logits = self.logits(heads)  # [A, K, V]
         index = to_device(active, device)
         probs = None
         if rows.all_greedy:
@@ -111,7 +110,7 @@ class MedusaDrafter(HeadDrafter):
         if not active:
             return DraftBatch(tokens, num_draft)
         heads = self.module(torch.stack([features[b] for b in active]))  # [A, K, H]
-        top = F.linear(heads, self.lm_head).topk(min(width, self.lm_head.shape[0]), dim=-1).indices  # [A, K, r]
+        top = self.logits(heads).topk(min(width, self.num_scored), dim=-1).indices  # [A, K, r]
         for n in sorted({num_draft[b] for b in active}):  # the rows with the same budget share a tree
             group = [j for j, b in enumerate(active) if num_draft[b] == n]
             rows, tree = to_device([active[j] for j in group], device), trees[active[group[0]]]

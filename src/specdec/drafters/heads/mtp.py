@@ -51,7 +51,7 @@ class MTPDrafter(HeadDrafter):
             probs = draft_probs(feature, len(seqs), width, self.lm_head.shape[0])
         for i in range(width):
             feature = self.module.depth(i)(feature, F.embedding(token, self.embed))
-            token = draw_column(F.linear(feature, self.lm_head), rows, probs, index, i, tokens)
+            token = draw_column(self.logits(feature), rows, probs, index, i, tokens)
             still = [j for j, b in enumerate(active) if ks[b] > i + 1]
             if not still:
                 break

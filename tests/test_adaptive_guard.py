@@ -1,0 +1,134 @@
+"""The measured-throughput guard of ``num_speculative_tokens="auto"`` on synthetic figures.
+
+:class:`AdaptiveK` runs against Bernoulli(α) acceptance and a synthetic clock, with its cost model
+pinned to one that says drafting is cheap (so it always wants to speculate): the guard alone must
+switch speculation off where drafting steps are measured slower per emitted token than plain ones,
+keep probing while it does, leave it on where drafting is faster (probing less where it is far
+faster), and judge each row count apart.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, CostModel, StepCost
+from specdec.metrics import BatchMetrics, RequestMetrics
+
+MAX_K = 8
+PROBE_EVERY = 16
+PLAIN_SECONDS = 0.010
+CHEAP = CostModel(intercept=PLAIN_SECONDS, slope=0.0, draft=0.0001)  # flat target, nearly free drafts
+
+
+@dataclass
+class FakeSeq:
+    request_id: str
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+def slow_drafting(rows: int, width: int) -> tuple[float, float]:
+    """A drafting step secretly costs three plain steps per position fed: far slower per emitted
+    token than plain decoding, whatever the pinned model predicts."""
+    return (3 * PLAIN_SECONDS * (width + 1), 0.0001 * width) if width else (PLAIN_SECONDS, 0.0)
+
+
+def fast_drafting(rows: int, width: int) -> tuple[float, float]:
+    """A drafting step of width 8 costs 2.6 plain steps, but emits about 4.3 tokens per row at α = 0.8:
+    each step is slower, each emitted token faster."""
+    return (PLAIN_SECONDS + 0.002 * width, 0.0) if width else (PLAIN_SECONDS, 0.0)
+
+
+def one_row_fast_sixteen_slow(rows: int, width: int) -> tuple[float, float]:
+    return slow_drafting(rows, width) if rows == 16 else fast_drafting(rows, width)
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    """The model predicts what :data:`CHEAP` says whatever is measured: only the guard can switch off."""
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self: CHEAP)
+
+
+class World:
+    """One policy, stepped over batches of synthetic sequences."""
+
+    def __init__(self, clock, alpha: float = 0.8, seed: int = 0) -> None:
+        self.policy, self.clock, self.alpha = AdaptiveK(MAX_K, probe_every=PROBE_EVERY), clock, alpha
+        self.rng = random.Random(seed)
+        self.metrics = BatchMetrics()
+        self.policy.bind_metrics(self.metrics)
+
+    def run(self, seqs: list[FakeSeq], steps: int) -> list[tuple[bool, list[int]]]:
+        """``(probe step?, ks chosen)`` per step."""
+        chosen = []
+        for _ in range(steps):
+            ks = self.policy.choose(seqs, [MAX_K] * len(seqs))
+            accepted = []
+            for k in ks:
+                a = 0
+                while a < k and self.rng.random() < self.alpha:
+                    a += 1
+                accepted.append(a)
+            width = max(ks)
+            target, draft = self.clock(len(seqs), width)
+            self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft))
+            chosen.append((self.policy.steps % PROBE_EVERY == 0, ks))
+        return chosen
+
+
+def batch(rows: int, name: str = "") -> list[FakeSeq]:
+    return [FakeSeq(f"{name}{b}") for b in range(rows)]
+
+
+def test_guard_switches_off_measured_slow_speculation_and_keeps_probing(pinned):
+    """16 rows, α = 0.9 and a model that says drafting is nearly free (it predicts a speedup of
+    several times), but drafting steps measure about 3x slower per emitted token: after a warm-up,
+    every step is plain but the probes, which draft every ``probe_every`` steps."""
+    world = World(slow_drafting, alpha=0.9)
+    chosen = world.run(batch(16), 300)
+    assert world.policy.last_speedup > 2  # the model alone would speculate on every step
+    late = chosen[100:]
+    assert all(ks == [0] * 16 for probe, ks in late if not probe)
+    probes = [ks for probe, ks in late if probe]
+    assert len(probes) == len(late) // PROBE_EVERY and all(any(ks) for ks in probes)
+    assert world.policy.guarded and world.policy.drafting_slower(16)
+    # Guard-off steps are counted like any other step with speculation off, once each.
+    assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) > 200
+    assert world.metrics.k_choices[0] == 16 * world.metrics.num_speculation_off_steps
+
+
+def test_guard_leaves_measured_fast_speculation_on(pinned):
+    """Drafting steps cost 2.6 plain steps but emit about 4.3x the tokens: the guard never
+    intervenes, and every step but the plain probes drafts; measured that far ahead (more than
+    ``FAR_ABOVE`` times plain's throughput), the plain probes thin out to one every ``FAR_PROBES`` periods."""
+    world = World(fast_drafting, alpha=0.8)
+    chosen = world.run(batch(16), 400)
+    assert not world.policy.drafting_slower(16) and world.policy.measured_speedup(16) > FAR_ABOVE
+    late = list(enumerate(chosen, start=1))[100:]  # (step number, (probe?, ks))
+    assert all(any(ks) for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES))
+    assert all(ks == [0] * 16 for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES) == 0)
+    assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) < 400 // PROBE_EVERY
+
+
+def test_guard_is_per_row_count(pinned):
+    """Speculation measured slow at 16 rows stays off at 16 rows, but a single row (drafting fast
+    there, never measured yet) drafts from its first step; back at 16 rows, the guard still holds."""
+    world = World(one_row_fast_sixteen_slow, alpha=0.9)
+    sixteen = world.run(batch(16, "a"), 200)
+    assert all(ks == [0] * 16 for probe, ks in sixteen[100:] if not probe)
+    one = world.run(batch(1, "b"), 100)
+    assert all(ks[0] > 0 for probe, ks in one if not probe)
+    assert not world.policy.drafting_slower(1) and world.policy.drafting_slower(16)
+    again = world.run(batch(16, "c"), 50)
+    assert all(ks == [0] * 16 for probe, ks in again if not probe)
+
+
+def test_guard_lets_speculation_back_when_it_pays_again(pinned):
+    """The world changes (drafting stops being slow): the probes measure it, and speculation returns."""
+    clock = {"now": slow_drafting}
+    world = World(lambda rows, width: clock["now"](rows, width), alpha=0.9)
+    seqs = batch(16)
+    assert all(ks == [0] * 16 for probe, ks in world.run(seqs, 200)[100:] if not probe)
+    clock["now"] = fast_drafting
+    back = world.run(seqs, 600)[-100:]
+    assert all(any(ks) for probe, ks in back if not probe)
