@@ -255,3 +255,21 @@ def test_draft_model_vocab_errors_and_the_transformers_backend(model_dirs, arch_
     with pytest.raises(SpecDecError, match=f"has no {TOKEN_COUNTS_FILE}"):
         LLM(model_dirs["llama"]["target"], dtype="float64", speculative_config={
             "method": "draft_model", "model": str(model_dirs["llama"]["truncated"]), "draft_vocab_size": 8})
+
+
+def test_a_folders_default_is_not_used_under_cuda_graphs(tmp_path):
+    """A draft's CUDA-graph forwards (a GPU) outweigh its head: the folder's default stays unused there,
+    an explicit size still applies."""
+    from types import SimpleNamespace
+
+    from specdec.drafters import SpeculativeConfig
+    from specdec.drafters.draft_model import DraftModelDrafter
+
+    write_counts(tmp_path, 10, seed=1, default_size=4)
+    graphed = SimpleNamespace(use_cuda_graphs=True, supports_layer_subsets=True, lm_head=torch.randn(10, 3))
+    eager = SimpleNamespace(use_cuda_graphs=False, supports_layer_subsets=True, lm_head=torch.randn(10, 3))
+    default = SpeculativeConfig(method="draft_model", model=str(tmp_path))
+    explicit = SpeculativeConfig(method="draft_model", model=str(tmp_path), draft_vocab_size=4)
+    assert DraftModelDrafter._vocab(default, graphed) is None
+    assert DraftModelDrafter._vocab(explicit, graphed).ids.numel() == 4
+    assert DraftModelDrafter._vocab(default, eager).ids.numel() == 4

@@ -28,7 +28,7 @@ probe comes only every ``FAR_PROBES`` such periods, as each one gives up the tok
 speculative step. The first step of each shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
-up) is not taken as a cost per position.
+up) is left out of the drafting line.
 
 The guard. The model is a prediction: kernels whose cost is not linear in the tokens fed, the
 drafter catching up after steps without drafts, and per-step overheads it does not charge can make

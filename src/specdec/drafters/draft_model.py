@@ -54,7 +54,8 @@ class DraftModelDrafter(Drafter):
     :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter` (drafts converted through text).
     With a draft vocabulary (``draft_vocab_size``, or the default stored with the draft folder's token
     counts; :mod:`specdec.drafters.draft_vocab`) every draft forward scores only those rows of the
-    draft's output head (fast backend).
+    draft's output head (fast backend; a folder's default is not used under CUDA graphs, where a
+    draft forward is bound by launches, not by its head).
     """
 
     method = "draft_model"
@@ -107,9 +108,10 @@ class DraftModelDrafter(Drafter):
     @staticmethod
     def _vocab(config: SpeculativeConfig, model: CausalLM) -> DraftVocab | None:
         """The draft vocabulary of ``config`` for ``model`` from its folder's counts, or None. A folder's
-        default is left unused on a backend that cannot score part of the head; an explicit size is refused."""
+        default is left unused on a backend that cannot score part of the head (an explicit size is refused
+        there) and under CUDA graphs, which the draft's forwards would lose (an explicit size turns them off)."""
         size = config.draft_vocab_size
-        if size == 0:
+        if size == 0 or (size is None and getattr(model, "use_cuda_graphs", False)):
             return None
         source = getattr(config.model, "name_or_path", config.model)  # a loaded model: the folder it came from
         folder = Path(source) if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() else None
