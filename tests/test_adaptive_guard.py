@@ -1,10 +1,12 @@
-"""The measured-throughput guard of ``num_speculative_tokens="auto"`` on synthetic figures.
+"""The guard of ``num_speculative_tokens="auto"`` (its cost model calibrated by measured step times)
+on synthetic figures.
 
 :class:`AdaptiveK` runs against Bernoulli(α) acceptance and a synthetic clock, with its cost model
-pinned to one that says drafting is cheap (so it always wants to speculate): the guard alone must
-switch speculation off where drafting steps are measured slower per emitted token than plain ones,
-keep probing while it does, leave it on where drafting is faster (probing less where it is far
-faster), and judge each row count apart.
+pinned to one that says drafting is cheap (so uncalibrated it always wants to speculate): the
+calibration alone must switch speculation off where drafting steps take far longer than predicted,
+keep probing while it does, leave it on where drafting pays (probing less where it pays by far),
+judge each row count apart, and leave a request's own acceptance in charge (a slow request before
+a fast one does not switch the fast one off).
 """
 
 import random
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, CostModel, StepCost
+from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, CostModel, StepCost, choose_ks
 from specdec.metrics import BatchMetrics, RequestMetrics
 
 MAX_K = 8
@@ -45,7 +47,7 @@ def one_row_fast_sixteen_slow(rows: int, width: int) -> tuple[float, float]:
 
 @pytest.fixture
 def pinned(monkeypatch):
-    """The model predicts what :data:`CHEAP` says whatever is measured: only the guard can switch off."""
+    """The model predicts what :data:`CHEAP` says whatever is measured: only the calibration can switch off."""
     monkeypatch.setattr(AdaptiveK, "cost_model", lambda self: CHEAP)
 
 
@@ -86,12 +88,12 @@ def test_guard_switches_off_measured_slow_speculation_and_keeps_probing(pinned):
     every step is plain but the probes, which draft every ``probe_every`` steps."""
     world = World(slow_drafting, alpha=0.9)
     chosen = world.run(batch(16), 300)
-    assert world.policy.last_speedup > 2  # the model alone would speculate on every step
     late = chosen[100:]
     assert all(ks == [0] * 16 for probe, ks in late if not probe)
     probes = [ks for probe, ks in late if probe]
     assert len(probes) == len(late) // PROBE_EVERY and all(any(ks) for ks in probes)
-    assert world.policy.guarded and world.policy.drafting_slower(16)
+    assert world.policy.drafting_scale(16) > 3 and world.policy.last_speedup == 1.0  # plain predicted best
+    assert choose_ks([[0.9] * MAX_K] * 16, [MAX_K] * 16, CHEAP)[1] > 2  # uncalibrated, it would speculate
     # Guard-off steps are counted like any other step with speculation off, once each.
     assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) > 200
     assert world.metrics.k_choices[0] == 16 * world.metrics.num_speculation_off_steps
@@ -103,7 +105,7 @@ def test_guard_leaves_measured_fast_speculation_on(pinned):
     ``FAR_ABOVE`` times plain's throughput), the plain probes thin out to one every ``FAR_PROBES`` periods."""
     world = World(fast_drafting, alpha=0.8)
     chosen = world.run(batch(16), 400)
-    assert not world.policy.drafting_slower(16) and world.policy.measured_speedup(16) > FAR_ABOVE
+    assert world.policy.drafting_scale(16) is not None and world.policy.last_speedup > FAR_ABOVE
     late = list(enumerate(chosen, start=1))[100:]  # (step number, (probe?, ks))
     assert all(any(ks) for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES))
     assert all(ks == [0] * 16 for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES) == 0)
@@ -118,7 +120,7 @@ def test_guard_is_per_row_count(pinned):
     assert all(ks == [0] * 16 for probe, ks in sixteen[100:] if not probe)
     one = world.run(batch(1, "b"), 100)
     assert all(ks[0] > 0 for probe, ks in one if not probe)
-    assert not world.policy.drafting_slower(1) and world.policy.drafting_slower(16)
+    assert world.policy.drafting_scale(16) > 2 * world.policy.drafting_scale(1)
     again = world.run(batch(16, "c"), 50)
     assert all(ks == [0] * 16 for probe, ks in again if not probe)
 
@@ -132,3 +134,15 @@ def test_guard_lets_speculation_back_when_it_pays_again(pinned):
     clock["now"] = fast_drafting
     back = world.run(seqs, 600)[-100:]
     assert all(any(ks) for probe, ks in back if not probe)
+
+
+def test_a_slow_request_does_not_switch_the_next_one_off():
+    """Batch 1, the model not pinned: a request whose drafts are rarely accepted (speculation off for
+    it), then one that accepts nearly all: the second drafts on nearly every step after its first few
+    (the calibration judges the model's costs; acceptance stays each request's own)."""
+    world = World(lambda rows, width: (0.010 + 0.0002 * (rows + width), 0.001 * width), alpha=0.05)
+    slow = world.run(batch(1, "slow"), 200)
+    assert sum(any(ks) for _, ks in slow[100:]) < 15
+    world.alpha = 0.95
+    fast = world.run(batch(1, "fast"), 100)
+    assert sum(any(ks) for _, ks in fast[10:]) > 80

@@ -22,33 +22,30 @@ on the rate of the position before it (its prior), not on a constant: conditiona
 changes slowly along a draft, and a constant prior below the measured rates would keep longer
 drafts from ever being tried. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
-cost line stay measured; where the guard below has measured drafting steps at more than
-``FAR_ABOVE`` times the throughput of plain ones (far from switching speculation off), a plain
-probe comes only every ``FAR_PROBES`` such periods, as each one gives up the tokens of a
-speculative step. The first step of each shape (rows, tokens, width) is not timed (it pays
+cost line stay measured; where the calibrated prediction below is more than ``FAR_ABOVE`` times
+plain decoding (far from switching speculation off), a plain probe comes only every ``FAR_PROBES``
+such periods, as each one gives up the tokens of a speculative step. The first step of each
+shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
 up) is left out of the drafting line.
 
-The guard. The model is a prediction: kernels whose cost is not linear in the tokens fed, the
-drafter catching up after steps without drafts, and per-step overheads it does not charge can make
-it speculate where speculating is slower. So the policy also measures, per number of rows in the
-step, the throughput it actually gets each way: emitted tokens per second of the steps without
-drafts (every row emits 1 token) and of the steps with drafts (rows + accepted drafts), the
-seconds of a step being all of it, ``target_seconds + draft_seconds`` (for a drafting step right
-after a plain one, the drafter's catch-up included: a real cost of switching). Each is a ratio of
-decayed sums, ``Σ tokens / Σ seconds`` (``guard_decay`` per step of that kind), with the first
-step of each shape left out as above and a step counted as at most ``OUTLIER`` times the mean step
-of its kind so far. When the model would speculate, both kinds were measured at this row count
-(decayed weight at least ``GUARD_EVIDENCE``, about three steps each) and drafting measured fewer
-tokens per second than not drafting, the step is plain (every ``k_b = 0``, counted as a step with
-speculation off). Probes go on while the guard holds: a probe step then drafts the model's ``k_b``,
-so the speculative side stays measured and speculation comes back when it pays again (shorter
-contexts, better acceptance). The key is the exact row count, not a bucket: throughput is only
-comparable between steps of the same batch (a plain step over 16 rows emits twice the tokens of
-one over 8, at a cost that is not twice), and a bucket's plain and drafting steps would come from
-different mixes of row counts (a batch draining, say); a row count seen too briefly to be measured
-both ways is left to the model.
+The guard: calibration by measured step times. The cost model is a prediction: kernels whose cost
+is not linear in the tokens fed, the drafter catching up after steps without drafts, and per-step
+overheads it does not charge can make it speculate where speculating is slower. So the policy also
+compares, per number of rows in the step, every step's measured seconds (``target_seconds +
+draft_seconds``, a drafting step right after a plain one with the drafter's catch-up: a real cost of
+switching) with what the model predicted for it, as decayed sums ``Σ measured / Σ predicted``
+(``guard_decay`` per step of that kind; the first step of each shape left out as above, a step
+counted as at most ``OUTLIER`` times the mean of its kind so far), for drafting and for plain steps
+apart. Once both kinds are measured at that row count (decayed weight at least ``GUARD_EVIDENCE``,
+about three steps each), the drafting steps' ratio over the plain steps' ratio scales every drafting
+step's predicted cost; the choice above, speculation off included, is then made with the scaled
+costs. So the measurement, not the model alone, decides whether speculating pays at a batch size,
+while acceptance stays each sequence's own (a measured throughput compared directly would mix the
+acceptance of whichever requests ran last into every request's decision). The key is the exact row
+count: cost errors depend on the batch's shape, and a row count seen too briefly to be measured both
+ways is left to the model.
 
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
@@ -57,6 +54,7 @@ need not repeat the same tokens run to run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from specdec.metrics import BatchMetrics
@@ -69,7 +67,7 @@ PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
 FAR_ABOVE = 1.25  # measured speedup above which speculation is far from being switched off
 FAR_PROBES = 4  # there, a plain probe every FAR_PROBES * probe_every steps
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
-GUARD_EVIDENCE = 2.5  # decayed steps of each kind the guard needs at a row count before it overrides the model
+GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
 
 
 class FixedK:
@@ -165,39 +163,40 @@ class LineFit:
 
 
 @dataclass
-class Throughput:
-    """Measured emitted tokens per second of one kind of step, as decayed sums (``decay`` per step added)."""
+class Calibration:
+    """Measured against predicted seconds of one kind of step, as decayed sums (``decay`` per step added)."""
 
     decay: float
     weight: float = 0.0  # decayed count of steps
-    tokens: float = 0.0
-    seconds: float = 0.0
+    measured: float = 0.0
+    predicted: float = 0.0
 
-    def add(self, tokens: float, seconds: float) -> None:
+    def add(self, measured: float, predicted: float) -> None:
         if self.weight:  # a hiccup of the machine counts as at most OUTLIER times the mean step so far
-            seconds = min(seconds, OUTLIER * self.seconds / self.weight)
+            measured = min(measured, OUTLIER * self.measured / self.weight)
         self.weight = self.weight * self.decay + 1.0
-        self.tokens = self.tokens * self.decay + tokens
-        self.seconds = self.seconds * self.decay + seconds
+        self.measured = self.measured * self.decay + measured
+        self.predicted = self.predicted * self.decay + predicted
 
-    def rate(self) -> float:
-        """Tokens per second (0 when nothing was measured)."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+    def ratio(self) -> float:
+        """Measured over predicted seconds (1 when nothing was measured)."""
+        return self.measured / self.predicted if self.predicted > 0 else 1.0
 
 
 @dataclass(frozen=True)
 class CostModel:
     """Predicted seconds of a step: ``intercept + slope * tokens``, plus ``draft_fixed + draft * width`` when
-    it drafts (``width > 0``)."""
+    it drafts (``width > 0``), the whole of a drafting step times ``drafting_scale`` (the calibration)."""
 
     intercept: float
     slope: float
     draft: float
     draft_fixed: float = 0.0
+    drafting_scale: float = 1.0
 
     def seconds(self, num_tokens: int, width: int) -> float:
-        drafting = self.draft_fixed + self.draft * width if width else 0.0
-        return max(self.intercept + self.slope * num_tokens, 1e-12) + drafting
+        target = max(self.intercept + self.slope * num_tokens, 1e-12)
+        return (target + self.draft_fixed + self.draft * width) * self.drafting_scale if width else target
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -269,8 +268,7 @@ class AdaptiveK:
         self.last_width = 0
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
-        self.measured: dict[int, tuple[Throughput, Throughput]] = {}  # rows -> (plain, drafting) throughput
-        self.guarded = False  # whether the last choose() found drafting measured slower than plain (the guard)
+        self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
         self.metrics: BatchMetrics | None = None
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
@@ -313,28 +311,22 @@ class AdaptiveK:
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
-        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
-        self.guarded = any(ks) and self.drafting_slower(len(seqs))
-        period = self.probe_every * (FAR_PROBES if self.measured_speedup(len(seqs)) > FAR_ABOVE else 1)
-        if self.steps % period == 0:  # invert the decision once: the other kind stays measured
-            if not self.guarded:  # (guarded, the probe drafts the model's ks)
-                ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
-        elif self.guarded:
-            ks = [0] * len(ks)
+        scale = self.drafting_scale(len(seqs))
+        ks, self.last_speedup = choose_ks(rates, limits, dataclasses.replace(cost, drafting_scale=scale or 1.0),
+                                          self.padded)
+        far = scale is not None and self.last_speedup > FAR_ABOVE
+        if self.steps % (self.probe_every * (FAR_PROBES if far else 1)) == 0:  # invert the decision once
+            ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
         return self._count(seqs, limits, ks)
 
-    def measured_speedup(self, rows: int) -> float:
-        """Measured tokens per second of drafting steps over plain ones at ``rows`` rows, or 1 while
-        either was measured too little to go by (the guard; see the module docstring)."""
-        plain, drafting = self.measured.get(rows, (None, None))
+    def drafting_scale(self, rows: int) -> float | None:
+        """How much more (or less) drafting steps over ``rows`` rows measured than the model predicted,
+        relative to plain steps: the calibration of the module docstring, or None while either kind was
+        measured too little to go by."""
+        plain, drafting = self.calibration.get(rows, (None, None))
         if plain is None or min(plain.weight, drafting.weight) < GUARD_EVIDENCE:
-            return 1.0
-        return drafting.rate() / max(plain.rate(), 1e-12)
-
-    def drafting_slower(self, rows: int) -> bool:
-        """Whether steps over ``rows`` rows were measured both with and without drafts (enough to go
-        by) and drafting emitted fewer tokens per second (the guard)."""
-        return self.measured_speedup(rows) < 1.0
+            return None
+        return drafting.ratio() / plain.ratio()
 
     def _count(self, seqs: list[Sequence], limits: list[int], ks: list[int]) -> list[int]:
         """Count the step's choices (rows that could draft only) in each request's and the engine's metrics."""
@@ -358,15 +350,12 @@ class AdaptiveK:
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
-        # The guard's measurement: everything the step cost, the drafter's catch-up included.
-        rows = len(seqs)
-        plain, drafting = self.measured.setdefault(rows, (Throughput(self.guard_decay), Throughput(self.guard_decay)))
-        seconds = step.target_seconds + step.draft_seconds
-        if step.width:
-            drafting.add(rows + sum(num_accepted), seconds)
-        else:
-            plain.add(rows, seconds)
         cost = self.cost_model()
+        if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
+            plain, drafting = self.calibration.setdefault(
+                len(seqs), (Calibration(self.guard_decay), Calibration(self.guard_decay)))
+            (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds,
+                                                    cost.seconds(step.num_tokens, step.width))
         target = step.target_seconds
         if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
             target = min(target, OUTLIER * max(cost.seconds(step.num_tokens, 0), 1e-9))
