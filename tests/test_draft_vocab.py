@@ -273,3 +273,29 @@ def test_a_folders_default_is_not_used_under_cuda_graphs(tmp_path):
     assert DraftModelDrafter._vocab(default, graphed) is None
     assert DraftModelDrafter._vocab(explicit, graphed).ids.numel() == 4
     assert DraftModelDrafter._vocab(default, eager).ids.numel() == 4
+
+
+def test_train_token_counts_writes_a_folders_counts_and_default(text_model_dirs, tmp_path, capsys):
+    """``specdec train token-counts`` counts the training split with the target's tokenizer into a folder
+    (its default size in the metadata); a missing folder or a negative size is a one-line error, exit 2."""
+    from test_train import MODULES
+    from test_train import _module_source as module_source
+
+    from specdec.train.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in MODULES:
+        (corpus / f"{name}.py").write_text(module_source(name))
+    out = tmp_path / "heads"
+    out.mkdir()
+    common = ["--target", str(text_model_dirs["target"]), "--corpus", str(corpus), "--cache-dir", str(tmp_path / "c")]
+    assert main(["token-counts", *common, "--out", str(out), "--draft-vocab-size", "8"]) == 0
+    from transformers import AutoConfig
+
+    size = AutoConfig.from_pretrained(text_model_dirs["target"]).vocab_size
+    vocab = DraftVocab.load(out, None, torch.randn(size, 4))  # the folder's default: 8
+    assert vocab is not None and vocab.ids.numel() == 8
+    assert main(["token-counts", *common, "--out", str(tmp_path / "missing")]) == 2
+    assert main(["token-counts", *common, "--out", str(out), "--draft-vocab-size", "-1"]) == 2
+    assert "is not a folder" in capsys.readouterr().err

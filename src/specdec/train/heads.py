@@ -186,6 +186,7 @@ def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLik
     from specdec.drafters.draft_vocab import save_token_counts
     from specdec.train.corpus import split_files, token_stream
 
+    check_draft_vocab_size(draft_vocab_size)
     if not Path(out).is_dir():
         raise SpecDecError(f"{str(out)!r} is not a folder")
     tokenizer = check_eos(load_tokenizer(target_dir, required=True), target_dir)
@@ -194,7 +195,6 @@ def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLik
     except (OSError, ValueError) as exc:
         raise SpecDecError(f"cannot read the target's config in {str(target_dir)!r}: {exc}") from exc
     stream = token_stream(split_files(corpus_dirs)["train"], tokenizer, cache_dir)
-    check_draft_vocab_size(draft_vocab_size)
     save_token_counts(out, stream, vocab, draft_vocab_size)
     return len(stream)
 
