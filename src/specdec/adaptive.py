@@ -64,7 +64,7 @@ AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
-FAR_ABOVE = 1.25  # measured speedup above which speculation is far from being switched off
+FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 4  # there, a plain probe every FAR_PROBES * probe_every steps
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
@@ -312,8 +312,8 @@ class AdaptiveK:
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
         scale = self.drafting_scale(len(seqs))
-        ks, self.last_speedup = choose_ks(rates, limits, dataclasses.replace(cost, drafting_scale=scale or 1.0),
-                                          self.padded)
+        calibrated = cost if scale is None else dataclasses.replace(cost, drafting_scale=scale)
+        ks, self.last_speedup = choose_ks(rates, limits, calibrated, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         if self.steps % (self.probe_every * (FAR_PROBES if far else 1)) == 0:  # invert the decision once
             ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)

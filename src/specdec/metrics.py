@@ -130,8 +130,8 @@ class BatchMetrics:
     cascade's inner stage, summed over requests (see :class:`RequestMetrics`). ``k_choices``: with
     ``num_speculative_tokens="auto"``, the rows the policy gave each k, summed over steps;
     ``num_speculation_off_steps``: the steps on which it drafted for no row though some row could have
-    (predicted speedup below 1, drafting measured slower than plain decoding at that batch size (the
-    guard of :mod:`specdec.adaptive`), and the cold-start and probe steps).
+    (predicted speedup below 1, with the cost model calibrated by measured step times at that batch
+    size (the guard of :mod:`specdec.adaptive`), and the cold-start and probe steps).
     """
 
     num_steps: int = 0

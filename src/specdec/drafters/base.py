@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from specdec.adaptive import AUTO, DEFAULT_MAX_SPECULATIVE_TOKENS
 from specdec.argmax import argmax
+from specdec.drafters.draft_vocab import check_draft_vocab_size
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics
 from specdec.models.base import CausalLM, KVCache, to_device
@@ -108,10 +109,8 @@ class SpeculativeConfig:
         if candidates > 1 and not DRAFTERS[self.method].tree_drafts:
             raise SpecDecError(f"speculative method {self.method!r} does not choose among several candidates per "
                                f"step: it takes no num_candidates > 1")
-        size = self.draft_vocab_size
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise SpecDecError(f"draft_vocab_size must be an integer >= 0 (0: the whole vocabulary), got {size!r}")
+        if self.draft_vocab_size is not None:
+            check_draft_vocab_size(self.draft_vocab_size)
             if not DRAFTERS[self.method].draft_vocab:
                 raise SpecDecError(f"speculative method {self.method!r} takes no draft_vocab_size: it scores no "
                                    "vocabulary with an output head")

@@ -37,6 +37,12 @@ TOKEN_COUNTS_FILE = "token_counts.safetensors"
 DEFAULT_KEY = "draft_vocab_size"
 
 
+def check_draft_vocab_size(size: object, name: str = "draft_vocab_size") -> None:
+    """A draft vocabulary size given as ``name``: an integer >= 0 (0: the whole vocabulary), else a SpecDecError."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise SpecDecError(f"{name} must be an integer >= 0 (0: the whole vocabulary), got {size!r}")
+
+
 def save_token_counts(folder: str | os.PathLike[str], tokens: np.ndarray, vocab_size: int, default_size: int = 0
                       ) -> None:
     """Write the counts of ``tokens`` (any shape of token ids below ``vocab_size``) into ``folder``, with
@@ -48,8 +54,8 @@ def save_token_counts(folder: str | os.PathLike[str], tokens: np.ndarray, vocab_
 
 
 class DraftVocab:
-    """The ``size`` most frequent tokens of a head folder: ``ids`` ``[V']`` (most frequent first, ties
-    by id) and ``head`` ``[V', H]``, those rows of the target's output head, on its device."""
+    """The ``size`` most frequent tokens of a drafter's folder: ``ids`` ``[V']`` (most frequent first, ties
+    by id) and ``head`` ``[V', H]``, those rows of the output head the drafter scores with, on its device."""
 
     def __init__(self, ids: torch.Tensor, lm_head: torch.Tensor) -> None:
         self.ids = ids.to(lm_head.device)

@@ -240,12 +240,11 @@ def train_draft(
     import torch
     from transformers import LlamaForCausalLM
 
-    from specdec.drafters.draft_vocab import save_token_counts
-    from specdec.train.heads import check_draft_vocab_size
+    from specdec.drafters.draft_vocab import check_draft_vocab_size, save_token_counts
 
     settings.validate()
     distill.validate()
-    check_draft_vocab_size(draft_vocab_size)
+    check_draft_vocab_size(draft_vocab_size, "--draft-vocab-size")
     target_dir = Path(target_dir)
     device = resolve_device("auto")
     amp = autocast_dtype(device)

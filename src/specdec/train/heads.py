@@ -169,12 +169,6 @@ def measure_heads(target_dir: Path, heads_dir: Path, method: str, k: int, prompt
     }
 
 
-def check_draft_vocab_size(size: object) -> None:
-    """``--draft-vocab-size``: an integer >= 0."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise SpecDecError(f"--draft-vocab-size must be an integer >= 0 (0: the whole vocabulary), got {size}")
-
-
 def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLike[str],
                        corpus_dirs: Sequence[str | os.PathLike[str]] | None = None,
                        cache_dir: str | os.PathLike[str] | None = None, draft_vocab_size: int = 0) -> int:
@@ -183,10 +177,10 @@ def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLik
     of a run, for folders trained before they did; returns the tokens counted."""
     from transformers import AutoConfig
 
-    from specdec.drafters.draft_vocab import save_token_counts
+    from specdec.drafters.draft_vocab import check_draft_vocab_size, save_token_counts
     from specdec.train.corpus import split_files, token_stream
 
-    check_draft_vocab_size(draft_vocab_size)
+    check_draft_vocab_size(draft_vocab_size, "--draft-vocab-size")
     if not Path(out).is_dir():
         raise SpecDecError(f"{str(out)!r} is not a folder")
     tokenizer = check_eos(load_tokenizer(target_dir, required=True), target_dir)
@@ -229,7 +223,7 @@ def train_heads(
     draft vocabulary (0: the whole one), stored with the training split's token counts the folder always gets."""
     import torch
 
-    from specdec.drafters.draft_vocab import save_token_counts
+    from specdec.drafters.draft_vocab import check_draft_vocab_size, save_token_counts
     from specdec.drafters.heads.common import HeadSpec, save_heads, spec_for
     from specdec.drafters.heads.eagle import check_feature_layers
 
@@ -239,7 +233,7 @@ def train_heads(
         raise SpecDecError(f"feature layers and the feature weight are eagle options, not {method} ones")
     if not feature_weight >= 0:
         raise SpecDecError(f"the feature weight must be a non-negative number, got {feature_weight}")
-    check_draft_vocab_size(draft_vocab_size)
+    check_draft_vocab_size(draft_vocab_size, "--draft-vocab-size")
     settings.validate()
     target_dir = Path(target_dir)
     device = resolve_device("auto")
