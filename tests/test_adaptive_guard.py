@@ -64,6 +64,7 @@ class World:
         """``(probe step?, ks chosen)`` per step."""
         chosen = []
         for _ in range(steps):
+            before = self.policy.next_probe
             ks = self.policy.choose(seqs, [MAX_K] * len(seqs))
             accepted = []
             for k in ks:
@@ -74,7 +75,7 @@ class World:
             width = max(ks)
             target, draft = self.clock(len(seqs), width)
             self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft))
-            chosen.append((self.policy.steps % PROBE_EVERY == 0, ks))
+            chosen.append((self.policy.next_probe != before, ks))  # a probe schedules the next one
         return chosen
 
 
@@ -102,14 +103,18 @@ def test_guard_switches_off_measured_slow_speculation_and_keeps_probing(pinned):
 def test_guard_leaves_measured_fast_speculation_on(pinned):
     """Drafting steps cost 2.6 plain steps but emit about 4.3x the tokens: the guard never
     intervenes, and every step but the plain probes drafts; measured that far ahead (more than
-    ``FAR_ABOVE`` times plain's throughput), the plain probes thin out to one every ``FAR_PROBES`` periods."""
+    ``FAR_ABOVE`` times plain's throughput), the plain probes back off: the period doubles per probe
+    up to ``FAR_PROBES`` periods."""
     world = World(fast_drafting, alpha=0.8)
-    chosen = world.run(batch(16), 400)
+    chosen = world.run(batch(16), 1200)
     assert world.policy.drafting_scale(16) is not None and world.policy.last_speedup > FAR_ABOVE
-    late = list(enumerate(chosen, start=1))[100:]  # (step number, (probe?, ks))
-    assert all(any(ks) for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES))
-    assert all(ks == [0] * 16 for step, (_, ks) in late if step % (PROBE_EVERY * FAR_PROBES) == 0)
-    assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) < 400 // PROBE_EVERY
+    late = chosen[100:]
+    assert all(any(ks) for probe, ks in late if not probe) and all(ks == [0] * 16 for probe, ks in late if probe)
+    probes = [step for step, (probe, _) in enumerate(chosen) if probe]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:2] == [PROBE_EVERY] * 2 and gaps[-1] == PROBE_EVERY * FAR_PROBES
+    assert all(b in (a, 2 * a) for a, b in zip(gaps, gaps[1:]))
+    assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) < 12
 
 
 def test_guard_is_per_row_count(pinned):
@@ -146,3 +151,19 @@ def test_a_slow_request_does_not_switch_the_next_one_off():
     world.alpha = 0.95
     fast = world.run(batch(1, "fast"), 100)
     assert sum(any(ks) for _, ks in fast[10:]) > 80
+
+
+def test_backed_off_probes_do_not_slow_the_switch_off(pinned):
+    """Far ahead for long enough that the plain probes backed off to their longest period, the world
+    changes (drafting turns slow): the drafting steps' own calibration switches speculation off, and the
+    probes come every ``probe_every`` steps again."""
+    clock = {"now": fast_drafting}
+    world = World(lambda rows, width: clock["now"](rows, width), alpha=0.8)
+    seqs = batch(16)
+    world.run(seqs, 1200)
+    assert world.policy.probe_period == PROBE_EVERY * FAR_PROBES
+    clock["now"] = slow_drafting
+    after = world.run(seqs, 200)
+    assert all(ks == [0] * 16 for probe, ks in after[100:] if not probe)
+    assert world.policy.probe_period == PROBE_EVERY
+    assert sum(probe for probe, _ in after[100:]) == 100 // PROBE_EVERY

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,6 +203,30 @@ def test_draft_distills_and_reports_acceptance(
     assert vocab is not None and vocab.ids.numel() == 16
 
 
+def test_draft_with_another_tokenizer_learns_from_target_text(
+    corpus: Path, target_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A draft with its own tokenizer: the target's continuations re-encoded in its tokens, cross-entropy
+    alone, its own vocabulary, no draft-vocabulary counts, and τ measured through the engine."""
+    from specdec.train.draft import retokenize
+
+    other_tok = train_tokenizer(tmp_path / "tok", vocab_size=280, corpus_dirs=[corpus])
+    out = tmp_path / "draft"
+    distill = DistillSettings(generated_fraction=0.5, generated_sequences=4, acceptance_prompts=2, acceptance_tokens=8)
+    summary = train_draft(target_dir, resolve_preset("draft", "tiny"), _settings(out, max_steps=4), distill,
+                          [corpus], other_tok, cache_dir)
+    assert summary["own_tokenizer"] is True and summary["ce_weight"] == 1.0
+    assert 1.0 <= summary["heldout_tau"] <= 5.0 and len(summary["heldout_acceptance_per_position"]) == 4
+    draft, _ = load_hf_model(out, "auto", torch.device("cpu"))
+    assert draft.config.vocab_size == len(load_tokenizer(other_tok, required=True))
+    assert not (out / "token_counts.safetensors").exists()
+    source, dest = load_tokenizer(target_dir, required=True), load_tokenizer(other_tok, required=True)
+    rows = np.asarray([source.encode(text)[:6] for text in ("def alpha_add_1(left, right):", "    return total + 3")])
+    stream = retokenize(rows, source, dest)
+    texts = dest.decode(stream.tolist(), skip_special_tokens=False).split(dest.eos_token)
+    assert texts == [source.decode(r) for r in rows.tolist()] + [""] and stream[-1] == dest.eos_token_id
+
+
 def test_acceptance_of_target_against_itself_is_perfect(target_dir: Path) -> None:
     model, _ = load_hf_model(target_dir, torch.float32, torch.device("cpu"))
     result = greedy_acceptance(model, model, [[5, 6, 7], [8, 9]], new_tokens=6)
@@ -216,7 +241,7 @@ def test_cli_registers_train_commands(corpus: Path, tmp_path: Path) -> None:
     )
     assert callable(args.func) and args.layers == 3 and args.corpus is None
     args = parser.parse_args(["train", "draft", "--target", "t", "--out", "o", "--corpus", "a", "b"])
-    assert args.corpus == ["a", "b"] and args.ce_weight == 0.1
+    assert args.corpus == ["a", "b"] and args.ce_weight is None
     assert (
         train_main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "270", "--out", str(tmp_path)]) == 0
     )
@@ -270,15 +295,18 @@ def test_bad_training_inputs_raise(
         big = resolve_preset("draft", "tiny", hidden_size=64, layers=4, intermediate_size=256)
         train_draft(target_dir, big, _settings(tmp_path, max_steps=2), distill, [corpus])
     other_tok = train_tokenizer(tmp_path / "other", vocab_size=280, corpus_dirs=[corpus])
-    with pytest.raises(SpecDecError, match="vocabulary differs"):
-        train_draft(
-            target_dir,
-            resolve_preset("draft", "tiny"),
-            _settings(tmp_path, max_steps=2),
-            distill,
-            [corpus],
-            other_tok,
-        )
+    tiny, two_steps = resolve_preset("draft", "tiny"), _settings(tmp_path, max_steps=2)
+    with pytest.raises(SpecDecError, match="--ce-weight 0.5 needs the target's vocabulary"):
+        train_draft(target_dir, tiny, two_steps, DistillSettings(ce_weight=0.5), [corpus], other_tok)
+    with pytest.raises(SpecDecError, match="--draft-vocab-size needs the target's vocabulary"):
+        train_draft(target_dir, tiny, two_steps, distill, [corpus], other_tok, draft_vocab_size=16)
+    bare = tmp_path / "bare_target"  # the target without its tokenizer: no text to convert through
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((target_dir / name).read_bytes())
+    big_tok = train_tokenizer(tmp_path / "big", vocab_size=600, corpus_dirs=[corpus])
+    with pytest.raises(SpecDecError, match="has no tokenizer of its own to convert text with"):
+        train_draft(bare, tiny, two_steps, distill, [corpus], big_tok)
     with pytest.raises(SpecDecError, match="model folder .* does not exist"):
         train_draft(
             tmp_path / "nothing", resolve_preset("draft", "tiny"), _settings(tmp_path, max_steps=2), distill

@@ -23,8 +23,9 @@ changes slowly along a draft, and a constant prior below the measured rates woul
 drafts from ever being tried. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
 cost line stay measured; where the calibrated prediction below is more than ``FAR_ABOVE`` times
-plain decoding (far from switching speculation off), a plain probe comes only every ``FAR_PROBES``
-such periods, as each one gives up the tokens of a speculative step. The first step of each
+plain decoding (far from switching speculation off), the plain probes back off, as each one gives up
+the tokens of a speculative step: the period doubles after each probe taken there (``FAR_PROBES``
+periods at most), and falls back to ``probe_every`` at the first step that is not far. The first step of each
 shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
@@ -65,7 +66,7 @@ DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
-FAR_PROBES = 4  # there, a plain probe every FAR_PROBES * probe_every steps
+FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
 
@@ -265,6 +266,8 @@ class AdaptiveK:
         self.seqs: dict[str, Acceptance] = {}
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.steps = 0
+        self.next_probe = probe_every  # the step that inverts the decision
+        self.probe_period = probe_every  # steps to the probe after it
         self.last_width = 0
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
@@ -315,8 +318,14 @@ class AdaptiveK:
         calibrated = cost if scale is None else dataclasses.replace(cost, drafting_scale=scale)
         ks, self.last_speedup = choose_ks(rates, limits, calibrated, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
-        if self.steps % (self.probe_every * (FAR_PROBES if far else 1)) == 0:  # invert the decision once
+        if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
+            self.probe_period = self.probe_every
+            self.next_probe = min(self.next_probe, self.steps + self.probe_every)
+        if self.steps >= self.next_probe:  # invert the decision once
             ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
+            if far:
+                self.probe_period = min(2 * self.probe_period, FAR_PROBES * self.probe_every)
+            self.next_probe = self.steps + self.probe_period
         return self._count(seqs, limits, ks)
 
     def drafting_scale(self, rows: int) -> float | None:

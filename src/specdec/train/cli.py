@@ -168,6 +168,8 @@ def _run_draft(args: argparse.Namespace) -> int:
             "final_heldout_loss",
             "acceptance_rate_greedy",
             "expected_chain_length_k4",
+            "heldout_tau",
+            "heldout_acceptance_per_position",
         ],
     )
     return 0
@@ -276,13 +278,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_corpus(draft)
     draft.add_argument("--target", required=True, type=Path, help="target model folder")
     draft.add_argument(
-        "--tokenizer", type=Path, default=None, help="tokenizer folder (default: the target's)"
+        "--tokenizer", type=Path, default=None,
+        help="the draft's tokenizer folder (default: the target's); another tokenizer makes a draft that learns "
+        "from the target's text (set --generated-fraction) and drafts through text",
     )
     _add_model_flags(draft, "base")
     _add_train_flags(draft, 2e-3)
     distill = draft.add_argument_group("distillation")
     distill.add_argument(
-        "--ce-weight", type=float, default=0.1, help="weight of data cross-entropy (default 0.1)"
+        "--ce-weight", type=float, default=None,
+        help="weight of data cross-entropy against KL to the target (default 0.1; 1 with another tokenizer)",
     )
     distill.add_argument(
         "--generated-fraction",

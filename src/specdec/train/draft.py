@@ -1,14 +1,20 @@
 """``specdec train draft``: distill a small ``LlamaForCausalLM`` draft from a target model.
 
-The draft shares the target's tokenizer and vocabulary. Its loss on a block of tokens is
+A draft with the target's tokenizer and vocabulary learns, on a block of tokens,
 ``(1 - ce_weight) * KL(target || draft) + ce_weight * CE(data)``, where the KL divergence is taken
 over the full vocabulary at temperature 1 at every position, and CE is the next-token
 cross-entropy on the block itself. Blocks come from the corpus's train split and, for a
 ``generated_fraction`` of the rows, from continuations the target generates from corpus prompts
 (precomputed once at start and kept with the checkpoint, so a resumed run reuses them).
 
-At the end the saved draft is measured against the saved target (see :func:`greedy_acceptance`) and
-the result is stored in ``train_summary.json``.
+A draft with another tokenizer (``--tokenizer``, for :class:`~specdec.drafters.cross_tokenizer.
+CrossTokenizerDrafter`) cannot be compared with the target token by token, so it learns from the
+target's text instead (sequence-level distillation): the same target continuations, decoded and
+re-encoded with the draft's tokenizer, with the next-token cross-entropy alone (``ce_weight`` 1).
+
+At the end the saved draft is measured against the saved target and the result is stored in
+``train_summary.json``: with the target's vocabulary by :func:`greedy_acceptance` (teacher-forced),
+with another tokenizer by speculative decoding through the engine (τ and acceptance per position).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from specdec.errors import SpecDecError
 from specdec.models.loader import load_hf_model, load_tokenizer, resolve_device
 from specdec.train.corpus import TokenBlocks, code_prompts
-from specdec.train.lm import check_eos, corpus_blocks
+from specdec.train.lm import causal_lm_loss, check_eos, corpus_blocks
 from specdec.train.loop import (
     BatchFn,
     TrainSettings,
@@ -42,13 +48,15 @@ if TYPE_CHECKING:
 
 GENERATED_FILE = "generated.npy"
 CHAIN_K = 4
+#: ``ce_weight`` when none is given and the draft shares the target's vocabulary.
+DEFAULT_CE_WEIGHT = 0.1
 
 
 @dataclass
 class DistillSettings:
     """The distillation-specific settings of a draft run."""
 
-    ce_weight: float = 0.1
+    ce_weight: float | None = None
     generated_fraction: float = 0.0
     generated_sequences: int = 256
     generated_temperature: float = 1.0
@@ -57,7 +65,7 @@ class DistillSettings:
 
     def validate(self) -> None:
         """Raise :class:`SpecDecError` for settings that cannot run."""
-        if not 0.0 <= self.ce_weight <= 1.0:
+        if self.ce_weight is not None and not 0.0 <= self.ce_weight <= 1.0:
             raise SpecDecError(f"--ce-weight must be in [0, 1], got {self.ce_weight}")
         if not 0.0 <= self.generated_fraction <= 1.0:
             raise SpecDecError(f"--generated-fraction must be in [0, 1], got {self.generated_fraction}")
@@ -74,20 +82,35 @@ class DistillSettings:
             )
 
 
-def check_tokenizer(tokenizer: PreTrainedTokenizerBase, target: PreTrainedModel, target_dir: Path) -> None:
-    """Raise :class:`SpecDecError` unless ``tokenizer`` fits ``target`` (and the target's own tokenizer)."""
+    def loss_weight(self, cross: bool) -> float:
+        """The cross-entropy weight to train with: 1 for a draft with another tokenizer (``cross``), which
+        has no KL term to weigh; raises :class:`SpecDecError` for a weight below 1 there."""
+        if not cross:
+            return DEFAULT_CE_WEIGHT if self.ce_weight is None else self.ce_weight
+        if self.ce_weight not in (None, 1.0):
+            raise SpecDecError(
+                f"--ce-weight {self.ce_weight} needs the target's vocabulary for its KL term; a draft with "
+                "another tokenizer learns from the target's text by cross-entropy alone (leave it out or use 1)"
+            )
+        return 1.0
+
+
+def other_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, target: PreTrainedModel, target_dir: Path
+) -> PreTrainedTokenizerBase | None:
+    """The target's own tokenizer when ``tokenizer`` differs from it (the draft then learns from the
+    target's text), or None when ``tokenizer`` is the target's; raises :class:`SpecDecError` for another
+    tokenizer that does not fit the target's vocabulary while the target has none to convert text with."""
+    own = load_tokenizer(target_dir, required=True) if (target_dir / "tokenizer_config.json").is_file() else None
+    if own is not None:
+        return None if own.get_vocab() == tokenizer.get_vocab() else own
     vocab = target.config.vocab_size
     if len(tokenizer) > vocab:
         raise SpecDecError(
-            f"tokenizer has {len(tokenizer)} tokens but the target's vocabulary has only {vocab}; "
-            "use the target's tokenizer"
+            f"tokenizer has {len(tokenizer)} tokens but the target's vocabulary has only {vocab}, and the "
+            f"target {str(target_dir)!r} has no tokenizer of its own to convert text with; use the target's tokenizer"
         )
-    if (target_dir / "tokenizer_config.json").is_file():
-        own = load_tokenizer(target_dir, required=True)
-        if own.get_vocab() != tokenizer.get_vocab():
-            raise SpecDecError(
-                f"tokenizer vocabulary differs from the target's tokenizer in {str(target_dir)!r}"
-            )
+    return None
 
 
 def distill_loss(
@@ -96,11 +119,14 @@ def distill_loss(
     """``(1 - ce_weight) * KL(target || draft) + ce_weight * CE`` on ``input_ids`` ``(batch, block)``.
 
     KL is summed over the vocabulary and averaged over all ``batch * block`` positions; both
-    log-softmaxes are computed in fp32 from logits of shape ``(batch, block, vocab)``.
+    log-softmaxes are computed in fp32 from logits of shape ``(batch, block, vocab)``. With ``ce_weight`` 1
+    the target is not run.
     """
     import torch
     import torch.nn.functional as F
 
+    if ce_weight == 1:
+        return causal_lm_loss(draft, input_ids)
     with torch.no_grad():
         target_logp = F.log_softmax(target(input_ids=input_ids).logits.float(), dim=-1)
     draft_logits = draft(input_ids=input_ids).logits.float()
@@ -221,6 +247,38 @@ def _mixed_batches(
     return batch_fn
 
 
+def retokenize(rows: np.ndarray, source: PreTrainedTokenizerBase, dest: PreTrainedTokenizerBase) -> np.ndarray:
+    """Rows of ``source`` token ids ``(n, L)`` as one stream of ``dest`` token ids ``(m,)``: each row's text
+    re-encoded, followed by ``dest``'s EOS (the rows are separate documents)."""
+    stream: list[int] = []
+    options = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+    for text in source.batch_decode(rows.tolist(), **options):
+        stream.extend(dest.encode(text, add_special_tokens=False))
+        stream.append(dest.eos_token_id)
+    return np.asarray(stream, dtype=rows.dtype)
+
+
+def _generated_blocks(
+    target: PreTrainedModel, prompt_blocks: TokenBlocks, distill: DistillSettings, settings: TrainSettings,
+    context: int,
+) -> np.ndarray:
+    """Target continuations ``(n, context)`` of the first halves of ``n`` random ``prompt_blocks`` (target
+    tokens): generated once, saved with the checkpoint and reused by a resumed run."""
+    gen_file = checkpoint_dir(settings.out_dir) / GENERATED_FILE
+    if settings.resume and gen_file.is_file():
+        return np.load(gen_file)
+    half = context // 2
+    rng = np.random.default_rng(settings.seed + 1)
+    n = distill.generated_sequences
+    chosen = rng.choice(len(prompt_blocks), size=n, replace=n > len(prompt_blocks))
+    prompts = prompt_blocks.blocks[chosen, :half]
+    print(f"generating {len(prompts)} target continuations of {context - half} tokens", flush=True)
+    gen = generate_continuations(target, prompts, context - half, distill.generated_temperature, settings.seed)
+    gen_file.parent.mkdir(parents=True, exist_ok=True)
+    np.save(gen_file, gen)
+    return gen
+
+
 def train_draft(
     target_dir: str | os.PathLike[str],
     preset: ModelPreset,
@@ -233,8 +291,10 @@ def train_draft(
 ) -> dict[str, Any]:
     """Distill a draft with the shape of ``preset`` from the target in ``target_dir``; return the summary.
 
-    The summary includes the greedy acceptance of the saved draft against the saved target on
-    held-out code prompts (:func:`greedy_acceptance`). The folder also gets the training split's token
+    ``tokenizer_dir`` (default: the target's folder) is the draft's tokenizer; one other than the
+    target's makes a draft for :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter`, trained
+    on the target's text (see the module docstring). The summary includes the draft's acceptance on
+    held-out code prompts. A draft with the target's vocabulary also gets the training split's token
     counts, with ``draft_vocab_size`` its default draft vocabulary (:mod:`specdec.drafters.draft_vocab`).
     """
     import torch
@@ -258,7 +318,12 @@ def train_draft(
         raise SpecDecError(
             f"cannot use a tokenizer for target {str(target_dir)!r} ({exc}); pass --tokenizer"
         ) from exc
-    check_tokenizer(tokenizer, target, target_dir)
+    target_tok = other_tokenizer(tokenizer, target, target_dir)
+    cross = target_tok is not None
+    ce_weight = distill.loss_weight(cross)
+    if cross and draft_vocab_size:
+        raise SpecDecError("--draft-vocab-size needs the target's vocabulary; a draft with another tokenizer "
+                           "drafts from its whole vocabulary")
 
     target_params = sum(p.numel() for p in target.parameters())
     max_positions = target.config.max_position_embeddings
@@ -267,7 +332,8 @@ def train_draft(
     else:
         if preset.context > max_positions:
             raise SpecDecError(f"context {preset.context} exceeds the target's {max_positions} positions")
-        config = llama_config(preset, target.config.vocab_size, tokenizer.eos_token_id)
+        vocab = len(tokenizer) if cross else target.config.vocab_size
+        config = llama_config(preset, vocab, tokenizer.eos_token_id)
         config.max_position_embeddings = max_positions
     draft_params = count_parameters(config)
     if draft_params >= target_params:
@@ -277,37 +343,28 @@ def train_draft(
         )
     context = min(preset.context, max_positions)
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
-    save_token_counts(settings.out_dir, train_blocks.blocks, int(target.config.vocab_size), draft_vocab_size)
+    if not cross:
+        save_token_counts(settings.out_dir, train_blocks.blocks, int(target.config.vocab_size), draft_vocab_size)
 
     generated = None
     if distill.generated_fraction > 0:
-        gen_file = checkpoint_dir(settings.out_dir) / GENERATED_FILE
-        if settings.resume and gen_file.is_file():
-            gen = np.load(gen_file)
-        else:
-            half = context // 2
-            rng = np.random.default_rng(settings.seed + 1)
-            n = distill.generated_sequences
-            chosen = rng.choice(len(train_blocks), size=n, replace=n > len(train_blocks))
-            prompts = train_blocks.blocks[chosen, :half]
-            print(f"generating {len(prompts)} target continuations of {context - half} tokens", flush=True)
-            gen = generate_continuations(
-                target, prompts, context - half, distill.generated_temperature, settings.seed
-            )
-            gen_file.parent.mkdir(parents=True, exist_ok=True)
-            np.save(gen_file, gen)
-        generated = TokenBlocks(gen.reshape(-1), context, settings.seed)
+        prompt_blocks = corpus_blocks(corpus_dirs, target_tok, context, settings.seed, cache_dir)[0] if cross \
+            else train_blocks
+        gen = _generated_blocks(target, prompt_blocks, distill, settings, context)
+        stream = retokenize(gen, target_tok, tokenizer) if cross else gen.reshape(-1)
+        generated = TokenBlocks(stream, context, settings.seed)
 
     torch.manual_seed(settings.seed)
     draft = LlamaForCausalLM(config).to(device)
     print(
         f"draft: {draft_params / 1e6:.2f}M parameters (target {target_params / 1e6:.2f}M), "
-        f"{len(train_blocks)} train blocks of {context} tokens",
+        f"{len(train_blocks)} train blocks of {context} tokens"
+        + (f", another tokenizer ({len(tokenizer)} tokens): trained on the target's text" if cross else ""),
         flush=True,
     )
 
     def loss_fn(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
-        return distill_loss(model, target, ids, distill.ce_weight)
+        return distill_loss(model, target, ids, ce_weight)
 
     train(
         draft,
@@ -321,13 +378,22 @@ def train_draft(
             "context": context,
             "target": str(target_dir),
             "target_parameters": target_params,
-            "ce_weight": distill.ce_weight,
+            "ce_weight": ce_weight,
             "generated_fraction": distill.generated_fraction,
+            "own_tokenizer": cross,
         },
     )
+    prompts = code_prompts(distill.acceptance_prompts, corpus_dirs, split="heldout", seed=settings.seed)
+    if cross:
+        from specdec.train.heads import measure_heads
+
+        measured = measure_heads(target_dir, settings.out_dir, "draft_model", CHAIN_K, prompts,
+                                 distill.acceptance_tokens)
+        print(f"speculative decoding on {len(prompts)} held-out prompts (k={CHAIN_K}): "
+              f"tau {measured['heldout_tau']:.3f}, acceptance {measured['heldout_acceptance_rate']:.3f}", flush=True)
+        return update_summary(settings.out_dir, measured)
     saved_target, _ = load_hf_model(target_dir, "auto", device)
     saved_draft, _ = load_hf_model(settings.out_dir, "auto", device)
-    prompts = code_prompts(distill.acceptance_prompts, corpus_dirs, split="heldout", seed=settings.seed)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     limit = max_positions - distill.acceptance_tokens
     prompt_ids = [ids[-limit:] for ids in prompt_ids if ids]

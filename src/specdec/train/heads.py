@@ -147,7 +147,8 @@ def head_loss(method: str, module: nn.Module, target: PreTrainedModel, ids: torc
 
 def measure_heads(target_dir: Path, heads_dir: Path, method: str, k: int, prompts: list[str],
                   max_tokens: int) -> dict[str, Any]:
-    """Greedy speculative decoding with the saved heads on ``prompts``: τ and acceptance per position."""
+    """Greedy speculative decoding with the saved heads (or draft model) in ``heads_dir`` on ``prompts``:
+    τ and acceptance per position."""
     from specdec import LLM, SamplingParams
 
     spec = {"method": SPECULATIVE_METHOD.get(method, method), "model": str(heads_dir), "num_speculative_tokens": k}
