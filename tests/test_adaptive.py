@@ -301,3 +301,48 @@ def test_sampling_exactness(pair, monkeypatch, config, lengths):
     monkeypatch.setattr(llm.engine, "step", counting_step)
     assert_matches_target(target, llm, [3, 1, 4], "auto-k")
     assert lengths <= set(drafted), f"the test needs rows drafting {sorted(lengths)} tokens, saw {set(drafted)}"
+
+
+class RaggedK(FixedK):
+    """Every step, row ``b`` drafts ``(step + b) % (max_k + 1)`` tokens (within its limit): ragged widths."""
+
+    def __init__(self, max_k: int) -> None:
+        super().__init__(max_k)
+        self.steps = 0
+
+    def choose(self, seqs, limits):
+        self.steps += 1
+        return [min((self.steps + b) % (self.k + 1), limit) for b, limit in enumerate(limits)]
+
+
+def spy(obj, name: str) -> list:
+    """Replace ``obj.name`` by a wrapper that records each call's arguments; returns the record."""
+    calls, method = [], getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+    return calls
+
+
+def test_ragged_ks_from_one_greedy_chain_stay_exact(model_dirs, tmp_path):
+    """Rows drafting different k in one step share one greedy chain to the widest row's width and keep
+    their own first k tokens; rows whose draft context is nearly full (a draft with a shorter context
+    than the target's) take the per-position path. Batched output equals plain greedy output."""
+    dirs = model_dirs["llama"]
+    short = AutoModelForCausalLM.from_pretrained(dirs["truncated"], dtype=torch.float64)
+    short.config.max_position_embeddings = 36  # the longest requests outgrow the draft's context
+    short.save_pretrained(tmp_path / "short")
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in MAX_TOKENS]
+    requests = [{"prompt_token_ids": p} for p in PROMPTS]
+    plain = LLM(dirs["target"], dtype="float64", max_num_seqs=4).generate(requests, params)
+    for draft in (dirs["truncated"], tmp_path / "short"):
+        llm = LLM(dirs["target"], dtype="float64", max_num_seqs=4,
+                  speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4})
+        llm.engine.policy = RaggedK(4)
+        chains = spy(llm.engine.drafter.model, "greedy_chain")
+        outputs = llm.generate(requests, params)
+        assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
+        assert llm.batch_metrics.num_accepted_tokens > 0 and len(chains) > 10  # ragged steps took the chain

@@ -7,9 +7,9 @@ cross-entropy on the block itself. Blocks come from the corpus's train split and
 ``generated_fraction`` of the rows, from continuations the target generates from corpus prompts
 (precomputed once at start and kept with the checkpoint, so a resumed run reuses them).
 
-A draft with another tokenizer (``--tokenizer``, for :class:`~specdec.drafters.cross_tokenizer.
-CrossTokenizerDrafter`) cannot be compared with the target token by token, so it learns from the
-target's text instead (sequence-level distillation): the same target continuations, decoded and
+A draft with another tokenizer (``--tokenizer``; drafting goes through text, see
+:mod:`specdec.drafters.cross_tokenizer`) cannot be compared with the target token by token, so it
+learns from the target's text instead (sequence-level distillation): the same target continuations, decoded and
 re-encoded with the draft's tokenizer, with the next-token cross-entropy alone (``ce_weight`` 1).
 
 At the end the saved draft is measured against the saved target and the result is stored in
