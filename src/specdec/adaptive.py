@@ -195,8 +195,12 @@ class CostModel:
     draft_fixed: float = 0.0
     drafting_scale: float = 1.0
 
+    def target_seconds(self, num_tokens: int) -> float:
+        """The target's part of a step feeding ``num_tokens`` tokens."""
+        return max(self.intercept + self.slope * num_tokens, 1e-12)
+
     def seconds(self, num_tokens: int, width: int) -> float:
-        target = max(self.intercept + self.slope * num_tokens, 1e-12)
+        target = self.target_seconds(num_tokens)
         return (target + self.draft_fixed + self.draft * width) * self.drafting_scale if width else target
 
 
@@ -229,16 +233,18 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             survive *= rates[b][i]
             gains.append((survive, i + 1, b))
     gains.sort(key=lambda g: (-g[0], g[1]))
-    plain = rows / cost.seconds(rows, 0)
+    widest = max(limits, default=0)
+    target = [cost.target_seconds(n) for n in range(rows, rows * (widest + 1) + 1)]  # [tokens - rows]
+    plain = rows / target[0]
     best, best_w, best_m = plain, 0, 0
-    for w in range(1, max(limits, default=0) + 1):
-        tokens, count = float(rows), 0
+    for w in range(1, widest + 1):
+        tokens, count, drafting = float(rows), 0, cost.draft_fixed + cost.draft * w
         for gain, position, _ in gains:
             if position > w:
                 continue
             tokens += gain
             count += 1
-            rate = tokens / cost.seconds(rows * (w + 1) if padded else rows + count, w)
+            rate = tokens / ((target[rows * w if padded else count] + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
     ks = [0] * rows
