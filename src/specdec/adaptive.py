@@ -25,8 +25,8 @@ inverted once (a plain step when speculating, short drafts when not) so that bot
 cost line stay measured; where the calibrated prediction below is more than ``FAR_ABOVE`` times
 plain decoding (far from switching speculation off), the plain probes back off, as each one gives up
 the tokens of a speculative step: the period doubles after each probe taken there (``FAR_PROBES``
-periods at most), and falls back to ``probe_every`` at the first step that is not far. The first step of each
-shape (rows, tokens, width) is not timed (it pays
+periods at most), and falls back to ``probe_every`` at the first step that is not far. The first
+step of each shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
 up) is left out of the drafting line.
