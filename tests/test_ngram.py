@@ -33,19 +33,30 @@ def test_falls_back_to_shorter_ngram():
     assert lookup([5, 6, 7, 8, 4, 6], 2) == [7, 8]
 
 
-def test_prefers_latest_occurrence_with_enough_continuation():
+def test_follows_the_latest_occurrence():
     context = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2]
     assert lookup(context, 2, max_n=2, min_n=2) == [20, 21]
 
 
-def test_falls_back_to_first_occurrence_when_latest_is_too_short():
-    # [7, 8] occurs at 0 (followed by 1 2 3) and at 5 (followed by only 2 tokens, the suffix itself).
+def test_a_continuation_reaching_the_end_repeats_the_lookup():
+    # [7, 8] last occurred at 5, followed only by the suffix itself: the pattern repeats.
     context = [7, 8, 1, 2, 3, 7, 8, 7, 8]
-    assert lookup(context, 3, max_n=2, min_n=2) == [1, 2, 3]
+    assert lookup(context, 5, max_n=2, min_n=2) == [7, 8, 7, 8, 7]
+    # The repeated lookup matches the context extended by the draft: [5, 6] then the 2-gram [6, 4].
+    assert lookup([4, 5, 6, 4, 5], 4, max_n=2, min_n=2) == [6, 4, 5, 6]
+    assert lookup([3, 1, 9, 5, 6, 1, 9, 5, 6], 6, max_n=2, min_n=1) == [1, 9, 5, 6, 1, 9]
 
 
-def test_continuation_is_cut_at_the_context_end():
-    assert lookup([4, 5, 6, 4, 5], 4, max_n=2, min_n=2) == [6, 4, 5]
+def test_a_shorter_draft_is_the_start_of_a_longer_one():
+    """The draft for k does not depend on k beyond its length (what the auto k policy's per-position
+    acceptance assumes)."""
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        context = torch.randint(0, 4, (40,), generator=rng).tolist()
+        longest = lookup(context, 16)
+        assert len(longest) == 16  # four tokens: every suffix recurs
+        for k in range(1, 16):
+            assert lookup(context, k) == longest[:k]
 
 
 def test_no_match_proposes_nothing():
@@ -105,6 +116,9 @@ def test_candidates_are_distinct_continuations_best_first():
     index = _Index(1, 2)
     assert index.candidates(context, 2, 1) == [lookup(context, 2, max_n=2)]
     assert index.candidates(context, 2, 3) == [[10, 11], [20, 21], [30, 1]]
+    # The first is the repeated lookup's; the start of a candidate found already is no new candidate.
+    context = [5, 1, 2, 3, 9, 1, 2, 3, 1, 2]
+    assert _Index(1, 2).candidates(context, 4, 3) == [[3, 1, 2, 3], [3, 9, 1, 2]]
 
 
 def test_candidate_tree_is_a_trie_within_the_budget():

@@ -55,7 +55,6 @@ need not repeat the same tokens run to run.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from specdec.metrics import BatchMetrics
@@ -226,27 +225,30 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     width ``w`` every row drafts up to ``w``.
     """
     rows = len(limits)
-    gains = []  # (probability the token is emitted as a kept draft, position, row)
+    gains = []  # (minus the probability the token is emitted as a kept draft, position, row)
     for b, limit in enumerate(limits):
         survive = 1.0
         for i in range(limit):
             survive *= rates[b][i]
-            gains.append((survive, i + 1, b))
-    gains.sort(key=lambda g: (-g[0], g[1]))
+            gains.append((-survive, i + 1, b))
+    gains.sort()
     widest = max(limits, default=0)
     target = [cost.target_seconds(n) for n in range(rows, rows * (widest + 1) + 1)]  # [tokens - rows]
     plain = rows / target[0]
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
         tokens, count, drafting = float(rows), 0, cost.draft_fixed + cost.draft * w
+        available = sum(min(limit, w) for limit in limits)  # positions <= w
         for gain, position, _ in gains:
             if position > w:
                 continue
-            tokens += gain
+            tokens -= gain
             count += 1
             rate = tokens / ((target[rows * w if padded else count] + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
+            if count == available:
+                break
     ks = [0] * rows
     taken = 0
     for _, position, b in gains:
@@ -279,6 +281,8 @@ class AdaptiveK:
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
         self.metrics: BatchMetrics | None = None
+        self._cost: CostModel | None = None  # cost_model() as of the last measured step
+        self._stale = True
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
         """The engine's aggregate metrics, where the choices are counted (``k_choices``,
@@ -312,17 +316,24 @@ class AdaptiveK:
         a, b = self.target.line()
         return CostModel(a, b, draft[1], draft[0])
 
+    def _model(self) -> CostModel | None:
+        """:meth:`cost_model`, computed once per measured step."""
+        if self._stale:
+            self._cost, self._stale = self.cost_model(), False
+        return self._cost
+
     def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
-        cost = self.cost_model()
+        cost = self._model()
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
         rates = [self._acceptance(s).rates() for s in seqs]
         scale = self.drafting_scale(len(seqs))
-        calibrated = cost if scale is None else dataclasses.replace(cost, drafting_scale=scale)
-        ks, self.last_speedup = choose_ks(rates, limits, calibrated, self.padded)
+        if scale is not None:
+            cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale)
+        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
             self.probe_period = self.probe_every
@@ -365,7 +376,8 @@ class AdaptiveK:
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
-        cost = self.cost_model()
+        cost = self._model()
+        self._stale = True
         if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
             plain, drafting = self.calibration.setdefault(
                 len(seqs), (Calibration(self.guard_decay), Calibration(self.guard_decay)))
@@ -373,12 +385,12 @@ class AdaptiveK:
                                                     cost.seconds(step.num_tokens, step.width))
         target = step.target_seconds
         if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
-            target = min(target, OUTLIER * max(cost.seconds(step.num_tokens, 0), 1e-9))
+            target = min(target, OUTLIER * cost.target_seconds(step.num_tokens))
         self.target.add(step.num_tokens, target)
         # After a step without drafts the drafter first catches up on the tokens it missed: not the
         # cost of a drafting step in the steady state.
         if step.width and last_width:
-            draft = self.draft_cost()
+            draft = (cost.draft_fixed, cost.draft) if cost is not None else self.draft_cost()
             seconds = step.draft_seconds
             if draft is not None:
                 seconds = min(seconds, OUTLIER * (draft[0] + draft[1] * step.width))

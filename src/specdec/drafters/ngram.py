@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
@@ -25,7 +27,7 @@ class _Index:
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
-        self.min_n = min_n
+        self.min_n, self.max_n = min_n, max_n
         self.indexed_until = 0
 
     def extend(self, context: list[int]) -> None:
@@ -38,32 +40,42 @@ class _Index:
                 table.setdefault(tuple(context[start:end]), []).append(start)
         self.indexed_until = max(self.indexed_until, len(context))
 
+    def matches(self, tail: list[int]) -> Iterator[tuple[int, list[int]]]:
+        """``(n, starts)`` for each suffix of ``tail`` found in the index, the longest first: the
+        n-gram's length and where it starts in the indexed context, oldest first."""
+        for n in sorted(self.tables, reverse=True):
+            if len(tail) >= n and (starts := self.tables[n].get(tuple(tail[-n:]))):
+                yield n, starts
+
     def lookup(self, context: list[int], k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the longest matched suffix of ``context``."""
-        found = self.candidates(context, k, 1)
-        return found[0] if found else []
+        """Up to ``k`` tokens: what followed the latest occurrence of ``context``'s longest suffix found
+        in the index; where that continuation runs into the end of the context, the lookup repeats on
+        the context extended by the tokens proposed so far (a repeating pattern goes on repeating). So
+        the proposal for ``k`` is a prefix of the proposal for ``k + 1``."""
+        self.extend(context)
+        draft: list[int] = []
+        while len(draft) < k:
+            n, starts = next(self.matches((context[-self.max_n :] + draft)[-self.max_n :]), (0, None))
+            continuation = [] if starts is None else context[starts[-1] + n : starts[-1] + n + k - len(draft)]
+            if not continuation:
+                break
+            draft += continuation
+        return draft
 
     def candidates(self, context: list[int], k: int, count: int) -> list[list[int]]:
         """Up to ``count`` different continuations (``k`` tokens at most) of ``context``'s suffix, best
-        first: the longest n-gram first; within one, the latest occurrence when at least ``k`` tokens
-        follow it, else the first one (the longest continuation), then the other occurrences from the
-        most recent. Shorter n-grams add candidates while fewer than ``count`` are found."""
-        self.extend(context)
-        found: list[list[int]] = []
-        for n in sorted(self.tables, reverse=True):
-            if len(context) <= n:
-                continue
-            starts = self.tables[n].get(tuple(context[-n:]))
-            if starts is None:
-                continue
-            first, latest = starts[0], starts[-1]
-            preferred = latest if len(context) - (latest + n) >= k else first
-            for start in [preferred, *starts[::-1][: SCAN_PER_CANDIDATE * count]]:
-                continuation = context[start + n : start + n + k]
-                if continuation and continuation not in found:
-                    found.append(continuation)
+        first: :meth:`lookup`'s, then what followed the other occurrences of the longest matched suffix
+        (the most recent first), then of shorter ones; a continuation that is the start of one already
+        found adds nothing and is left out."""
+        first = self.lookup(context, k)
+        found = [first] if first else []
+        for n, starts in self.matches(context[-self.max_n :]):
+            for start in starts[::-1][: SCAN_PER_CANDIDATE * count]:
                 if len(found) == count:
                     return found
+                continuation = context[start + n : start + n + k]
+                if not any(c[: len(continuation)] == continuation for c in found):
+                    found.append(continuation)
         return found
 
 
@@ -98,8 +110,9 @@ class NgramDrafter(Drafter):
     against the prompt and the generated text and proposes what followed the match.
 
     Each sequence has its own index (keyed by request id), so a lookup costs O(1) per n. The
-    latest occurrence is preferred when at least k tokens follow it, else the first occurrence
-    (which has the longest continuation). Deterministic: verified with a one-hot ``q``.
+    latest occurrence is followed, and where its continuation runs into the end of the context
+    the lookup repeats with the proposed tokens appended (:meth:`_Index.lookup`), so a shorter
+    draft is the start of a longer one. Deterministic: verified with a one-hot ``q``.
 
     With ``num_candidates > 1`` it proposes a tree: the trie of up to that many different
     continuations (other occurrences, then shorter n-grams) in at most ``num_speculative_tokens``
