@@ -238,7 +238,6 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
         tokens, count, drafting = float(rows), 0, cost.draft_fixed + cost.draft * w
-        available = sum(min(limit, w) for limit in limits)  # positions <= w
         for gain, position, _ in gains:
             if position > w:
                 continue
@@ -247,8 +246,6 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             rate = tokens / ((target[rows * w if padded else count] + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
-            if count == available:
-                break
     ks = [0] * rows
     taken = 0
     for _, position, b in gains:
