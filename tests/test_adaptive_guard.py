@@ -167,3 +167,20 @@ def test_backed_off_probes_do_not_slow_the_switch_off(pinned):
     assert all(ks == [0] * 16 for probe, ks in after[100:] if not probe)
     assert world.policy.probe_period == PROBE_EVERY
     assert sum(probe for probe, _ in after[100:]) == 100 // PROBE_EVERY
+
+
+def test_steps_no_row_may_draft_leave_the_probes_alone(pinned):
+    """A step where no row may draft (each is at its last token, as every request's last step is)
+    says nothing about whether speculation pays: backed-off probes stay backed off, and it is no
+    speculation-off step. (Counted as not far ahead, it used to bring the probes back every
+    ``probe_every`` steps after each request.)"""
+    world = World(fast_drafting, alpha=0.8)
+    seqs = batch(16)
+    world.run(seqs, 1200)
+    assert world.policy.probe_period == PROBE_EVERY * FAR_PROBES
+    for _ in range(5):
+        off = world.metrics.num_speculation_off_steps
+        assert world.policy.choose(seqs, [0] * 16) == [0] * 16
+        assert world.metrics.num_speculation_off_steps == off
+        world.run(seqs, 30)
+    assert world.policy.probe_period == PROBE_EVERY * FAR_PROBES

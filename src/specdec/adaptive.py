@@ -323,6 +323,8 @@ class AdaptiveK:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
+        if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
+            return [0] * len(limits)
         cost = self._model()
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
