@@ -42,7 +42,7 @@ def test_a_continuation_reaching_the_end_repeats_the_lookup():
     # [7, 8] last occurred at 5, followed only by the suffix itself: the pattern repeats.
     context = [7, 8, 1, 2, 3, 7, 8, 7, 8]
     assert lookup(context, 5, max_n=2, min_n=2) == [7, 8, 7, 8, 7]
-    # The repeated lookup matches the context extended by the draft: [5, 6] then the 2-gram [6, 4].
+    # The repeated lookup matches the context extended by the draft: [4, 5] again after the proposed 6 4 5.
     assert lookup([4, 5, 6, 4, 5], 4, max_n=2, min_n=2) == [6, 4, 5, 6]
     assert lookup([3, 1, 9, 5, 6, 1, 9, 5, 6], 6, max_n=2, min_n=1) == [1, 9, 5, 6, 1, 9]
 

@@ -28,6 +28,7 @@ class _Index:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self.min_n, self.max_n = min_n, max_n
+        self.sizes = range(max_n, min_n - 1, -1)  # n-gram lengths, the longest first
         self.indexed_until = 0
 
     def extend(self, context: list[int]) -> None:
@@ -43,7 +44,7 @@ class _Index:
     def matches(self, tail: list[int]) -> Iterator[tuple[int, list[int]]]:
         """``(n, starts)`` for each suffix of ``tail`` found in the index, the longest first: the
         n-gram's length and where it starts in the indexed context, oldest first."""
-        for n in sorted(self.tables, reverse=True):
+        for n in self.sizes:
             if len(tail) >= n and (starts := self.tables[n].get(tuple(tail[-n:]))):
                 yield n, starts
 
