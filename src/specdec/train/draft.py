@@ -20,7 +20,7 @@ with another tokenizer by speculative decoding through the engine (τ and accept
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -259,19 +259,21 @@ def retokenize(rows: np.ndarray, source: PreTrainedTokenizerBase, dest: PreTrain
 
 
 def _generated_blocks(
-    target: PreTrainedModel, prompt_blocks: TokenBlocks, distill: DistillSettings, settings: TrainSettings,
-    context: int,
+    target: PreTrainedModel, prompt_blocks: Callable[[], TokenBlocks], distill: DistillSettings,
+    settings: TrainSettings, context: int,
 ) -> np.ndarray:
-    """Target continuations ``(n, context)`` of the first halves of ``n`` random ``prompt_blocks`` (target
-    tokens): generated once, saved with the checkpoint and reused by a resumed run."""
+    """Target continuations ``(n, context)`` of the first halves of ``n`` random blocks of ``prompt_blocks()``
+    (target tokens, built only when generating): generated once, saved with the checkpoint and reused by a
+    resumed run."""
     gen_file = checkpoint_dir(settings.out_dir) / GENERATED_FILE
     if settings.resume and gen_file.is_file():
         return np.load(gen_file)
     half = context // 2
     rng = np.random.default_rng(settings.seed + 1)
     n = distill.generated_sequences
-    chosen = rng.choice(len(prompt_blocks), size=n, replace=n > len(prompt_blocks))
-    prompts = prompt_blocks.blocks[chosen, :half]
+    blocks = prompt_blocks()
+    chosen = rng.choice(len(blocks), size=n, replace=n > len(blocks))
+    prompts = blocks.blocks[chosen, :half]
     print(f"generating {len(prompts)} target continuations of {context - half} tokens", flush=True)
     gen = generate_continuations(target, prompts, context - half, distill.generated_temperature, settings.seed)
     gen_file.parent.mkdir(parents=True, exist_ok=True)
@@ -348,8 +350,10 @@ def train_draft(
 
     generated = None
     if distill.generated_fraction > 0:
-        prompt_blocks = corpus_blocks(corpus_dirs, target_tok, context, settings.seed, cache_dir)[0] if cross \
-            else train_blocks
+        def prompt_blocks() -> TokenBlocks:  # the target's tokens
+            return corpus_blocks(corpus_dirs, target_tok, context, settings.seed, cache_dir)[0] if cross \
+                else train_blocks
+
         gen = _generated_blocks(target, prompt_blocks, distill, settings, context)
         stream = retokenize(gen, target_tok, tokenizer) if cross else gen.reshape(-1)
         generated = TokenBlocks(stream, context, settings.seed)
