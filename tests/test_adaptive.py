@@ -7,6 +7,7 @@ tokens, as at a large batch on CPU), and gives better rows longer drafts. The en
 greedy equality and sampling exactness with auto k and with the draft's confidence stop.
 """
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -99,20 +100,55 @@ def test_padded_grid_drafts_every_row_to_the_width():
     assert choose_ks(rates, limits, CostModel(8.0, 0.1, 0.0), padded=True) == ([0] * 16, 1.0)
 
 
+def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool) -> float:
+    """Predicted tokens per second of drafting ``ks``."""
+    rows, width = len(ks), max(ks)
+    tokens = rows + sum(expected_tokens(r, k) - 1 for r, k in zip(rates, ks))
+    return tokens / cost.seconds(rows * (width + 1) if padded else rows + sum(ks), width)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_choose_ks_equals_scoring_every_width_and_count(padded):
+    """Against every choice of the best ``m`` positions up to a width scored (each at its own width),
+    with random acceptance, limits and costs (offsets included): the same best rate, and ks that reach it."""
+    rng = random.Random(11)
+    for _ in range(300):
+        rows, max_k = rng.randint(1, 5), rng.randint(1, 10)
+        rates = [[rng.choice([rng.random(), 1.0, 0.5]) for _ in range(max_k)] for _ in range(rows)]
+        limits = [rng.randint(0, max_k) for _ in range(rows)]
+        offsets = tuple(sorted((n, rng.uniform(-0.3, 0.3)) for n in rng.sample(range(1, 60), 4)))
+        cost = CostModel(1.0, rng.choice([0.0, 0.02, 0.3]), rng.choice([0.0, 0.01, 0.2]), rng.choice([0.0, 0.1]),
+                         rng.uniform(0.8, 1.5), offsets)
+        gains = sorted((-math.prod(rates[b][: i + 1]), i + 1, b) for b in range(rows) for i in range(limits[b]))
+        best = step_rate(rates, [0] * rows, cost, padded)
+        for w in range(1, max(limits, default=0) + 1):
+            usable = [g for g in gains if g[1] <= w]
+            for m in range(1, len(usable) + 1):
+                ks = [0] * rows
+                for _, _, b in usable[:m]:
+                    ks[b] += 1
+                best = max(best, step_rate(rates, ks, cost, padded))
+        ks, speedup = choose_ks(rates, limits, cost, padded)
+        assert all(0 <= k <= limit for k, limit in zip(ks, limits))
+        assert step_rate(rates, ks, cost, padded) == pytest.approx(best, rel=1e-9)
+        assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded), rel=1e-9)
+
+
 @dataclass
 class FakeSeq:
     request_id: str
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
-def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: int = 0) -> list[list[int]]:
+def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: int = 0,
+             max_k: int = MAX_K) -> list[list[int]]:
     """Run :class:`AdaptiveK` against Bernoulli(α) acceptance and a synthetic clock
     ``step_seconds(num_tokens, width) -> (target, draft)``; returns the ks chosen at each step."""
-    policy, rng = AdaptiveK(MAX_K), random.Random(seed)
+    policy, rng = AdaptiveK(max_k), random.Random(seed)
     seqs = [FakeSeq(str(b)) for b in range(rows)]
     chosen = []
     for _ in range(steps):
-        ks = policy.choose(seqs, [MAX_K] * rows)
+        ks = policy.choose(seqs, [max_k] * rows)
         accepted = []
         for k in ks:
             a = 0
@@ -150,18 +186,39 @@ def test_policy_charges_a_fixed_drafting_cost_per_step_not_per_position():
     assert fixed == pytest.approx(0.005, rel=1e-6) and per_position == pytest.approx(0.0005, rel=1e-6)
 
 
+def test_policy_finds_the_step_in_a_staircase_cost():
+    """Free drafts, α = 0.95, a target that costs 0.1 ms per token fed but 3 ms more from 17 tokens on
+    (a kernel's tile, a CUDA graph bucket): at most 16 drafts, 15 (16 tokens) is fastest by 12%. The
+    line fitted through plain and 16-draft steps cannot see the step; the narrower probe measures
+    16 tokens, and the policy drafts 15 on most steps (it drafted 16 on most before shapes were measured)."""
+    clock = lambda n, w: (0.010 + 0.0001 * n + (0.003 if n > 16 else 0.0), 0.0)  # noqa: E731
+    chosen = simulate(0.95, clock, steps=600, max_k=16)[200:]
+    assert np.mean([ks[0] == 15 for ks in chosen]) > 0.8
+
+
+def test_cost_model_moves_the_line_by_the_measured_offsets():
+    """A shape measured takes its own offset; one not measured, the offset of the largest measured shape
+    below it; below the first, the line."""
+    cost = CostModel(1.0, 0.1, 0.0, offsets=((3, -0.5), (6, 2.0)))
+    curve = [1.1, 1.2, 0.8, 0.9, 1.0, 3.6, 3.7]  # 1..7 tokens
+    assert cost.target_curve(1, 7) == pytest.approx(curve)
+    assert [cost.target_seconds(n) for n in range(1, 8)] == pytest.approx(curve)
+    assert cost.target_curve(4, 6) == pytest.approx(curve[3:6])
+
+
 def test_untried_positions_lean_on_the_position_before():
     """The pool's prior for a position with no tries is the measured rate before it, not the constant
     prior: after drafts that were all accepted at k = 3, positions 4.. are predicted near position 3's rate."""
     policy = AdaptiveK(MAX_K)
     for _ in range(50):
         policy.pool.update(3, 3)
-    rates = policy.pool.rates()
+    rates = policy.pool.rates(policy.prior)
     assert min(rates[:3]) > 0.97 and min(rates[3:]) > 0.95
-    flat = Acceptance(MAX_K, 0.99, [PRIOR_ACCEPTANCE] * MAX_K, prior_weight=1.0)
+    flat = Acceptance(MAX_K, 0.99, prior_weight=1.0)
     for _ in range(50):
         flat.update(3, 3)
-    assert flat.rates()[3:] == [PRIOR_ACCEPTANCE] * (MAX_K - 3)  # what the carried prior avoids
+    prior = [PRIOR_ACCEPTANCE] * MAX_K
+    assert flat.rates(prior)[3:] == prior[3:]  # what the carried prior avoids
 
 
 def test_policy_switches_off_with_low_acceptance_and_with_costly_verification():
@@ -287,7 +344,7 @@ CASES = [
 @pytest.mark.parametrize("config,lengths", CASES, ids=["auto", "threshold"])
 def test_sampling_exactness(pair, monkeypatch, config, lengths):
     target, root = pair
-    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self: CostModel(1.0, 0.02, 0.25))
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: CostModel(1.0, 0.02, 0.25))
     llm = LLM(root / "target", speculative_config={"method": "draft_model", "model": str(root / "draft"), **config},
               dtype="float64", max_num_seqs=16)
     drafted: list[int] = []

@@ -48,7 +48,7 @@ def one_row_fast_sixteen_slow(rows: int, width: int) -> tuple[float, float]:
 @pytest.fixture
 def pinned(monkeypatch):
     """The model predicts what :data:`CHEAP` says whatever is measured: only the calibration can switch off."""
-    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self: CHEAP)
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: CHEAP)
 
 
 class World:

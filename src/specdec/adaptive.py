@@ -16,11 +16,26 @@ plain decoding (every ``k_b = 0``) included: speculation is off for a step whose
 is below 1. At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with
 ``c = d / t(1)``.
 
+A target's cost is a line only roughly: kernels work in tiles, and a GPU replays a CUDA graph
+captured for a bucket of shapes, so ``t`` climbs in steps (on the embedded pair's CPU, 17 tokens
+cost 15% more than 16). So each timed step also records its time under its shape (rows, tokens), as
+a decayed mean per shape (``shape_decay`` per step of that shape, so that the shapes chosen follow
+the machine getting slower or faster). A shape measured in two timed steps or more, the last within
+``SHAPE_MEMORY`` steps (a shape not renewed goes stale as the machine drifts, and is forgotten),
+is predicted by that mean where it is ``SHAPE_TOLERANCE`` (10%) or more off the line, and by the
+line where it is closer (noise the choice would chase); a shape not measured, by the line moved by
+the offset of the largest measured shape below it at that row count (:class:`CostModel`). A shape
+is measured once it was chosen, and one forgotten is chosen again where the line says it pays; to
+find a cheaper neighbour the line cannot see, every ``probe_every`` steps (offset by half a period
+from the probes below) every row drafting the step's width drafts one position fewer, and once
+that narrower shape is measured, only every ``FAR_PROBES * probe_every`` steps.
+
 Estimates are online: acceptance per sequence (decayed counts, with the engine-wide pool of all
-sequences as the prior of a new one), cost per engine. In the pool, a position with few tries leans
-on the rate of the position before it (its prior), not on a constant: conditional acceptance
-changes slowly along a draft, and a constant prior below the measured rates would keep longer
-drafts from ever being tried. Every ``probe_every`` steps the decision is
+sequences, as it stands at each step, as their prior: a position a sequence stopped trying goes
+back to the pool's rate, not to a rate of long ago), cost per engine. In the pool, a position with
+few tries leans on the rate of the position before it (its prior), not on a constant: conditional
+acceptance changes slowly along a draft, and a constant prior below the measured rates would keep
+longer drafts from ever being tried. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
 cost line stay measured; where the calibrated prediction below is more than ``FAR_ABOVE`` times
 plain decoding (far from switching speculation off), the plain probes back off, as each one gives up
@@ -68,6 +83,9 @@ FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far 
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
+SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
+SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
+SHAPE_MEMORY = 256  # steps after which a shape's measurement not renewed is forgotten
 
 
 class FixedK:
@@ -105,11 +123,10 @@ class StepCost:
 @dataclass
 class Acceptance:
     """Conditional acceptance per draft position as decayed counts plus ``prior_weight`` pseudo-counts
-    of ``prior`` (``[max_k]``)."""
+    of a prior per position given to :meth:`rates` (a sequence's prior: the pool's rates of the step)."""
 
     max_k: int
     decay: float
-    prior: list[float]
     prior_weight: float
     carry: bool = False  # the prior of position i > 0 is the rate of position i - 1 (``prior[0]`` the first's)
     tried: list[float] = field(init=False)
@@ -129,12 +146,14 @@ class Acceptance:
             if i < num_accepted:
                 self.kept[i] += 1.0
 
-    def rates(self) -> list[float]:
-        """``[max_k]`` conditional acceptance per position."""
-        w, out = self.prior_weight, []
-        for i, (a, t, p) in enumerate(zip(self.kept, self.tried, self.prior)):
-            prior = out[-1] if self.carry and i else p
-            out.append((a + w * prior) / (t + w))
+    def rates(self, prior: list[float]) -> list[float]:
+        """``[max_k]`` conditional acceptance per position, ``prior`` ``[max_k]`` standing in where few were tried."""
+        w = self.prior_weight
+        if not self.carry:
+            return [(a + w * p) / (t + w) for a, t, p in zip(self.kept, self.tried, prior)]
+        out = []
+        for i, (a, t, p) in enumerate(zip(self.kept, self.tried, prior)):
+            out.append((a + w * (out[-1] if i else p)) / (t + w))
         return out
 
 
@@ -185,18 +204,41 @@ class Calibration:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Predicted seconds of a step: ``intercept + slope * tokens``, plus ``draft_fixed + draft * width`` when
-    it drafts (``width > 0``), the whole of a drafting step times ``drafting_scale`` (the calibration)."""
+    """Predicted seconds of a step: the target's part ``intercept + slope * tokens`` moved by the measured
+    ``offsets``, plus ``draft_fixed + draft * width`` when it drafts (``width > 0``), the whole of a
+    drafting step times ``drafting_scale`` (the calibration).
+
+    ``offsets``: ``(tokens, measured mean − line)`` for the step shapes measured at this row count, by
+    tokens; a number of tokens takes the offset of the largest measured one at or below it (0 below
+    the first), so a cost that jumps at a kernel's tile size (a staircase, not a line) is predicted
+    from where it was measured on."""
 
     intercept: float
     slope: float
     draft: float
     draft_fixed: float = 0.0
     drafting_scale: float = 1.0
+    offsets: tuple[tuple[int, float], ...] = ()
 
     def target_seconds(self, num_tokens: int) -> float:
         """The target's part of a step feeding ``num_tokens`` tokens."""
-        return max(self.intercept + self.slope * num_tokens, 1e-12)
+        offset = 0.0
+        for tokens, measured in self.offsets:
+            if tokens > num_tokens:
+                break
+            offset = measured
+        return max(self.intercept + self.slope * num_tokens + offset, 1e-12)
+
+    def target_curve(self, first: int, last: int) -> list[float]:
+        """:meth:`target_seconds` for ``first..last`` tokens, ``[last - first + 1]``."""
+        size = last - first + 1
+        shift = [0.0] * size
+        for tokens, offset in self.offsets:  # each holds from its tokens on, up to the next
+            start = max(tokens - first, 0)
+            if start < size:
+                shift[start:] = [offset] * (size - start)
+        a, b = self.intercept, self.slope
+        return [max(a + b * n + offset, 1e-12) for n, offset in zip(range(first, last + 1), shift)]
 
     def seconds(self, num_tokens: int, width: int) -> float:
         target = self.target_seconds(num_tokens)
@@ -225,6 +267,8 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     width ``w`` every row drafts up to ``w``.
     """
     rows = len(limits)
+    if rows == 1:  # one row: its width is its count, so the widths are the only choices
+        return _choose_k(rates[0], limits[0], cost)
     gains = []  # (minus the probability the token is emitted as a kept draft, position, row)
     for b, limit in enumerate(limits):
         survive = 1.0
@@ -233,7 +277,7 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             gains.append((-survive, i + 1, b))
     gains.sort()
     widest = max(limits, default=0)
-    target = [cost.target_seconds(n) for n in range(rows, rows * (widest + 1) + 1)]  # [tokens - rows]
+    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]
     plain = rows / target[0]
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
@@ -257,29 +301,47 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     return ks, best / plain
 
 
+def _choose_k(rates: list[float], limit: int, cost: CostModel) -> tuple[list[int], float]:
+    """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft)."""
+    target = cost.target_curve(1, limit + 1)  # [tokens - 1]
+    plain = 1.0 / target[0]
+    best, best_k, survive, tokens = plain, 0, 1.0, 1.0
+    fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
+    for k in range(1, limit + 1):
+        survive *= rates[k - 1]
+        tokens += survive
+        rate = tokens / ((target[k] + fixed + per_position * k) * scale)
+        if rate > best:
+            best, best_k = rate, k
+    return [best_k], best / plain
+
+
 class AdaptiveK:
     """``num_speculative_tokens="auto"``: per row and step, the k the measured model predicts to be
     fastest, at most ``max_k`` (see the module docstring)."""
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
                  cost_decay: float = 0.95, draft_decay: float = 0.9, guard_decay: float = 0.9,
-                 padded: bool = False) -> None:
+                 shape_decay: float = 0.9, padded: bool = False) -> None:
         self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
-        self.pool = Acceptance(max_k, pool_decay, [PRIOR_ACCEPTANCE] * max_k, prior_weight=1.0, carry=True)
+        self.pool = Acceptance(max_k, pool_decay, prior_weight=1.0, carry=True)
+        self.prior = [PRIOR_ACCEPTANCE] * max_k  # the pool's, before anything was measured
         self.target = LineFit(cost_decay)
         self.drafting = LineFit(draft_decay)  # drafting seconds against width, over drafting steps
         self.seqs: dict[str, Acceptance] = {}
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
+        self.shape_decay = shape_decay
+        self.shapes: dict[int, dict[int, list[float]]] = {}  # rows -> tokens -> [decayed steps, seconds, step]
         self.steps = 0
         self.next_probe = probe_every  # the step that inverts the decision
+        self.next_narrow = probe_every + probe_every // 2  # the step that drafts one position fewer
         self.probe_period = probe_every  # steps to the probe after it
         self.last_width = 0
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
         self.metrics: BatchMetrics | None = None
-        self._cost: CostModel | None = None  # cost_model() as of the last measured step
-        self._stale = True
+        self._costs: dict[int, CostModel | None] = {}  # cost_model(rows) as of the last measured step
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
         """The engine's aggregate metrics, where the choices are counted (``k_choices``,
@@ -289,7 +351,7 @@ class AdaptiveK:
     def _acceptance(self, seq: Sequence) -> Acceptance:
         estimate = self.seqs.get(seq.request_id)
         if estimate is None:
-            estimate = Acceptance(self.max_k, self.seq_decay, self.pool.rates(), prior_weight=2.0)
+            estimate = Acceptance(self.max_k, self.seq_decay, prior_weight=2.0)
             self.seqs[seq.request_id] = estimate
         return estimate
 
@@ -305,19 +367,32 @@ class AdaptiveK:
                 return max(fixed, 0.0), per_position
         return 0.0, seconds / widths
 
-    def cost_model(self) -> CostModel | None:
-        """The fitted step cost, or None until a plain and a drafting step were both measured."""
+    def cost_model(self, rows: int) -> CostModel | None:
+        """The fitted cost of a step over ``rows`` rows, with the offsets of the shapes measured at that
+        row count, or None until a plain and a drafting step were both measured."""
         draft = self.draft_cost()
         if not self.target.spread or draft is None:
             return None
         a, b = self.target.line()
-        return CostModel(a, b, draft[1], draft[0])
+        offsets, shapes = [], self.shapes.get(rows, {})
+        for n in sorted(shapes):
+            weight, seconds, step = shapes[n]
+            if self.steps - step > SHAPE_MEMORY:
+                del shapes[n]
+            elif weight >= SHAPE_EVIDENCE:  # within the tolerance, the line holds there
+                off = seconds / weight - a - b * n
+                offsets.append((n, off if abs(off) >= SHAPE_TOLERANCE * (a + b * n) else 0.0))
+        return CostModel(a, b, draft[1], draft[0], offsets=tuple(offsets))
 
-    def _model(self) -> CostModel | None:
-        """:meth:`cost_model`, computed once per measured step."""
-        if self._stale:
-            self._cost, self._stale = self.cost_model(), False
-        return self._cost
+    def _model(self, rows: int) -> CostModel | None:
+        """:meth:`cost_model`, computed once per row count and measured step."""
+        if rows not in self._costs:
+            self._costs[rows] = self.cost_model(rows)
+        return self._costs[rows]
+
+    def _measured(self, rows: int, num_tokens: int) -> bool:
+        """Whether steps of this shape were timed often enough to be predicted by their own mean."""
+        return self.shapes.get(rows, {}).get(num_tokens, (0.0,))[0] >= SHAPE_EVIDENCE
 
     def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
@@ -325,13 +400,14 @@ class AdaptiveK:
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             return [0] * len(limits)
-        cost = self._model()
+        cost = self._model(len(seqs))
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
-        rates = [self._acceptance(s).rates() for s in seqs]
+        pool = self.pool.rates(self.prior)
+        rates = [self._acceptance(s).rates(pool) for s in seqs]
         scale = self.drafting_scale(len(seqs))
         if scale is not None:
-            cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale)
+            cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale, cost.offsets)
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
@@ -342,6 +418,12 @@ class AdaptiveK:
             if far:
                 self.probe_period = min(2 * self.probe_period, FAR_PROBES * self.probe_every)
             self.next_probe = self.steps + self.probe_period
+        elif self.steps >= self.next_narrow and max(ks) > 1:  # measure the shape one position narrower
+            narrower = [min(k, max(ks) - 1) for k in ks]
+            fed = len(ks) * max(narrower) + len(ks) if self.padded else len(ks) + sum(narrower)
+            known = self._measured(len(ks), fed)
+            self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
+            ks = narrower
         return self._count(seqs, limits, ks)
 
     def drafting_scale(self, rows: int) -> float | None:
@@ -375,8 +457,8 @@ class AdaptiveK:
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
-        cost = self._model()
-        self._stale = True
+        cost = self._model(len(seqs))
+        self._costs.clear()
         if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
             plain, drafting = self.calibration.setdefault(
                 len(seqs), (Calibration(self.guard_decay), Calibration(self.guard_decay)))
@@ -386,6 +468,8 @@ class AdaptiveK:
         if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
             target = min(target, OUTLIER * cost.target_seconds(step.num_tokens))
         self.target.add(step.num_tokens, target)
+        shape = self.shapes.setdefault(len(seqs), {}).setdefault(step.num_tokens, [0.0, 0.0, 0])
+        shape[:] = shape[0] * self.shape_decay + 1.0, shape[1] * self.shape_decay + target, self.steps
         # After a step without drafts the drafter first catches up on the tokens it missed: not the
         # cost of a drafting step in the steady state.
         if step.width and last_width:
