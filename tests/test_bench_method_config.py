@@ -33,6 +33,23 @@ def test_method_config_overrides_a_method_and_adds_labelled_configurations(text_
     assert all(m["matches_reference"] for m in report["measurements"] if m["method"] != "plain")
 
 
+def test_a_method_config_with_its_own_k_runs_once_at_it(text_model_dirs, tmp_path):
+    """``num_speculative_tokens`` in a configuration fixes its k: it runs once, labelled with that k (it used
+    to run once per --k, every run with the configuration's own k under another k's label)."""
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x = 1\nx = 1\nx = 1\n"}])
+    out = tmp_path / "out"
+    rc = _bench(["--model", str(text_model_dirs["target"]), "--methods", "plain,ngram", "--k", "2", "auto",
+                 "--method-config", 'wide={"method": "ngram", "num_speculative_tokens": "auto", '
+                                    '"max_num_speculative_tokens": 12}',
+                 "--workload", "jsonl", "--data", str(data), "--max-tokens", "8", "--dtype", "float64",
+                 "--warmup", "0", "--out", str(out)])
+    assert rc == 0
+    configs = {m["label"]: m["speculative_config"] for m in json.loads((out / "bench.json").read_text())["methods"]}
+    assert list(configs) == ["plain", "ngram k=2", "ngram k=auto", "wide k=auto"]
+    assert configs["wide k=auto"]["max_num_speculative_tokens"] == 12
+    assert configs["ngram k=auto"]["max_num_speculative_tokens"] == 8
+
+
 @pytest.mark.parametrize("value,message", [
     ("suffix", "NAME=JSON"),
     ("suffix={bad", "not valid JSON"),

@@ -331,7 +331,8 @@ class AdaptiveK:
         self.seqs: dict[str, Acceptance] = {}
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.shape_decay = shape_decay
-        self.shapes: dict[int, dict[int, list[float]]] = {}  # rows -> tokens -> [decayed steps, seconds, step]
+        # rows -> tokens -> (decayed timed steps, decayed seconds, the step it was last timed)
+        self.shapes: dict[int, dict[int, tuple[float, float, int]]] = {}
         self.steps = 0
         self.next_probe = probe_every  # the step that inverts the decision
         self.next_narrow = probe_every + probe_every // 2  # the step that drafts one position fewer
@@ -460,16 +461,19 @@ class AdaptiveK:
         cost = self._model(len(seqs))
         self._costs.clear()
         if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
-            plain, drafting = self.calibration.setdefault(
-                len(seqs), (Calibration(self.guard_decay), Calibration(self.guard_decay)))
+            kinds = self.calibration.get(len(seqs))
+            if kinds is None:
+                kinds = self.calibration[len(seqs)] = (Calibration(self.guard_decay), Calibration(self.guard_decay))
+            plain, drafting = kinds
             (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds,
                                                     cost.seconds(step.num_tokens, step.width))
         target = step.target_seconds
         if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
             target = min(target, OUTLIER * cost.target_seconds(step.num_tokens))
         self.target.add(step.num_tokens, target)
-        shape = self.shapes.setdefault(len(seqs), {}).setdefault(step.num_tokens, [0.0, 0.0, 0])
-        shape[:] = shape[0] * self.shape_decay + 1.0, shape[1] * self.shape_decay + target, self.steps
+        shapes = self.shapes.setdefault(len(seqs), {})
+        weight, seconds, _ = shapes.get(step.num_tokens, (0.0, 0.0, 0))
+        shapes[step.num_tokens] = (weight * self.shape_decay + 1.0, seconds * self.shape_decay + target, self.steps)
         # After a step without drafts the drafter first catches up on the tokens it missed: not the
         # cost of a drafting step in the steady state.
         if step.width and last_width:

@@ -103,7 +103,8 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME=JSON",
         help="speculative_config fields for one method, e.g. 'suffix={\"suffix_factor\": 2}' (a method of "
         "--methods), or a further configuration under a new label, e.g. "
-        "'early_exit={\"method\": \"layer_skip\", \"early_exit\": true}'; repeatable",
+        "'early_exit={\"method\": \"layer_skip\", \"early_exit\": true}'; one that sets "
+        "num_speculative_tokens runs once, at that k, not per --k; repeatable",
     )
     group.add_argument(
         "--prompt-lookup-min",

@@ -113,6 +113,7 @@ def expand_methods(names: Sequence[str], ks: Sequence[int],
     ``configs`` (``bench --method-config NAME=JSON``): for a speculative method of ``names``, fields
     that override its ``speculative_config``; for any other NAME, a further configuration labelled
     NAME whose JSON names its ``method`` (a registered drafter), run per k after the named methods.
+    A configuration whose fields set ``num_speculative_tokens`` runs once, at that k, instead of per k.
     The fields are validated where every speculative_config is (when the run builds its ``LLM``)."""
     from specdec.adaptive import AUTO
     from specdec.drafters.base import MAX_SPECULATIVE_TOKENS
@@ -132,7 +133,7 @@ def expand_methods(names: Sequence[str], ks: Sequence[int],
         if name == REFERENCE:
             continue
         if catalogue[name].speculative:
-            specs.extend(MethodSpec(name, k, overrides=configs.get(name)) for k in dict.fromkeys(ks))
+            specs.extend(MethodSpec(name, k, overrides=configs.get(name)) for k in _ks_of(configs.get(name), ks))
         else:
             specs.append(MethodSpec(name))
     for name, config in configs.items():
@@ -148,8 +149,15 @@ def expand_methods(names: Sequence[str], ks: Sequence[int],
             raise SpecDecError(f"--method-config {name}: a new label needs a 'method' naming a speculative method "
                                f"of specdec, got {method!r}")
         fields = {key: value for key, value in config.items() if key != "method"}
-        specs.extend(MethodSpec(method, k, name=name, overrides=fields) for k in dict.fromkeys(ks))
+        specs.extend(MethodSpec(method, k, name=name, overrides=fields) for k in _ks_of(fields, ks))
     return specs
+
+
+def _ks_of(config: dict[str, Any] | None, ks: Sequence[int | str]) -> list[int | str]:
+    """The ks a configuration runs at: its own ``num_speculative_tokens`` where it sets one, else each of ``ks``."""
+    if config is not None and "num_speculative_tokens" in config:
+        return [config["num_speculative_tokens"]]
+    return list(dict.fromkeys(ks))
 
 
 @dataclass
