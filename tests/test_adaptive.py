@@ -18,8 +18,9 @@ import torch
 from test_sampling_exactness import assert_matches_target
 from transformers import AutoModelForCausalLM
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, adaptive
 from specdec.adaptive import (
+    HOLD_MAX,
     PRIOR_ACCEPTANCE,
     Acceptance,
     AdaptiveK,
@@ -194,6 +195,35 @@ def test_policy_finds_the_step_in_a_staircase_cost():
     clock = lambda n, w: (0.010 + 0.0001 * n + (0.003 if n > 16 else 0.0), 0.0)  # noqa: E731
     chosen = simulate(0.95, clock, steps=600, max_k=16)[200:]
     assert np.mean([ks[0] == 15 for ks in chosen]) > 0.8
+
+
+def test_a_decision_of_every_row_at_its_most_is_held_far_ahead(monkeypatch):
+    """Far ahead with every row at its most (α = 0.95, drafts nearly free), the policy scores the choice
+    on one step in ``HOLD_MAX`` or so, not on every step, and drafts the most on nearly every other
+    step (the probes apart); when drafting turns slow (5 target steps a position), it stops drafting
+    within a few holds."""
+    scored = []
+    monkeypatch.setattr(adaptive, "choose_ks", lambda *args: scored.append(1) or choose_ks(*args))
+    policy, rng, seqs = AdaptiveK(MAX_K), random.Random(5), [FakeSeq("a")]
+
+    def run(draft_seconds: float, steps: int) -> list[int]:
+        chosen = []
+        for _ in range(steps):
+            k = policy.choose(seqs, [MAX_K])[0]
+            a = 0
+            while a < k and rng.random() < 0.95:
+                a += 1
+            policy.observe(seqs, [k], [a], StepCost(1 + k, k, 0.010 + 0.0001 * (1 + k), draft_seconds * k))
+            chosen.append(k)
+        return chosen
+
+    run(0.0002, 200)
+    scored.clear()
+    far = run(0.0002, 400)
+    assert len(scored) < 400 / 4
+    assert sum(k == MAX_K for k in far) > 0.95 * 400
+    slow = run(0.05, 200)[4 * HOLD_MAX :]
+    assert sum(k == 0 for k in slow) > 0.85 * len(slow)
 
 
 def test_cost_model_moves_the_line_by_the_measured_offsets():

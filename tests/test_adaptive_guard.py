@@ -166,7 +166,7 @@ def test_backed_off_probes_do_not_slow_the_switch_off(pinned):
     after = world.run(seqs, 200)
     assert all(ks == [0] * 16 for probe, ks in after[100:] if not probe)
     assert world.policy.probe_period == PROBE_EVERY
-    assert sum(probe for probe, _ in after[100:]) == 100 // PROBE_EVERY
+    assert sum(probe for probe, _ in after[100:]) in (100 // PROBE_EVERY, 100 // PROBE_EVERY + 1)  # by phase
 
 
 def test_steps_no_row_may_draft_leave_the_probes_alone(pinned):

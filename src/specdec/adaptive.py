@@ -63,6 +63,13 @@ acceptance of whichever requests ran last into every request's decision). The ke
 count: cost errors depend on the batch's shape, and a row count seen too briefly to be measured both
 ways is left to the model.
 
+The policy's own work is part of every step (tens of microseconds of Python, against steps of a few
+milliseconds), so where there is nothing to decide it does less: a decision that gives every row its
+most while far ahead (above ``FAR_ABOVE``) is held for the next steps at that row count, one step,
+then three, up to ``HOLD_MAX - 1``, each row still clipped to its own limit (probes come as
+scheduled), and any other decision ends the hold; the cost model is refitted every ``COST_REFRESH``
+timed steps, not every step.
+
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
 need not repeat the same tokens run to run.
@@ -86,6 +93,8 @@ GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a ro
 SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
 SHAPE_MEMORY = 256  # steps after which a shape's measurement not renewed is forgotten
+HOLD_MAX = 8  # steps a decision of every row at its most, far ahead, is held at most
+COST_REFRESH = 4  # measured steps between refits of the cost model
 
 
 class FixedK:
@@ -341,8 +350,12 @@ class AdaptiveK:
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
+        self.hold_period = 1  # steps the next decision of every row at its most holds for
+        self.held = 0  # steps left holding every row at its most
+        self.held_rows = 0  # the row count of the held decision
+        self.measured = 0  # steps timed
         self.metrics: BatchMetrics | None = None
-        self._costs: dict[int, CostModel | None] = {}  # cost_model(rows) as of the last measured step
+        self._costs: dict[int, CostModel | None] = {}  # cost_model(rows), refitted every COST_REFRESH timed steps
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
         """The engine's aggregate metrics, where the choices are counted (``k_choices``,
@@ -386,7 +399,7 @@ class AdaptiveK:
         return CostModel(a, b, draft[1], draft[0], offsets=tuple(offsets))
 
     def _model(self, rows: int) -> CostModel | None:
-        """:meth:`cost_model`, computed once per row count and measured step."""
+        """:meth:`cost_model`, refitted every ``COST_REFRESH`` timed steps (the fit moves slowly)."""
         if rows not in self._costs:
             self._costs[rows] = self.cost_model(rows)
         return self._costs[rows]
@@ -401,6 +414,9 @@ class AdaptiveK:
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             return [0] * len(limits)
+        if self.held and len(seqs) == self.held_rows and self.steps < min(self.next_probe, self.next_narrow):
+            self.held -= 1
+            return self._count(seqs, limits, limits)
         cost = self._model(len(seqs))
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
@@ -411,6 +427,11 @@ class AdaptiveK:
             cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale, cost.offsets)
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
+        if far and ks == limits:  # every row at its most, far ahead: held for longer each time
+            self.hold_period = min(2 * self.hold_period, HOLD_MAX)
+            self.held, self.held_rows = self.hold_period - 1, len(seqs)
+        else:
+            self.hold_period, self.held = 1, 0
         if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
             self.probe_period = self.probe_every
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
@@ -459,7 +480,9 @@ class AdaptiveK:
             self.seen.add(shape)
             return
         cost = self._model(len(seqs))
-        self._costs.clear()
+        self.measured += 1
+        if cost is None or self.measured % COST_REFRESH == 0:
+            self._costs.clear()
         if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
             kinds = self.calibration.get(len(seqs))
             if kinds is None:
