@@ -197,11 +197,11 @@ def test_policy_finds_the_step_in_a_staircase_cost():
     assert np.mean([ks[0] == 15 for ks in chosen]) > 0.8
 
 
-def test_a_decision_made_again_far_ahead_is_held(monkeypatch):
-    """Far ahead and deciding the same (every row at its most: α = 0.95, drafts nearly free), the policy
-    scores the choice on one step in ``HOLD_MAX`` or so, not on every step, and drafts the most on
-    nearly every other step (the probes apart); when drafting turns slow (5 target steps a position), it
-    stops drafting within a few holds."""
+def test_a_decision_of_every_row_at_its_most_is_held_far_ahead(monkeypatch):
+    """Far ahead with every row at its most (α = 0.95, drafts nearly free), the policy scores the choice
+    on one step in ``HOLD_MAX`` or so, not on every step, and drafts the most on nearly every other
+    step (the probes apart); when drafting turns slow (5 target steps a position), it stops drafting
+    within a few holds."""
     scored = []
     monkeypatch.setattr(adaptive, "choose_ks", lambda *args: scored.append(1) or choose_ks(*args))
     policy, rng, seqs = AdaptiveK(MAX_K), random.Random(5), [FakeSeq("a")]

@@ -64,11 +64,12 @@ count: cost errors depend on the batch's shape, and a row count seen too briefly
 ways is left to the model.
 
 The policy's own work is part of every step (tens of microseconds of Python, against steps of a few
-milliseconds), so where there is nothing to decide it does less: a decision made again, far ahead
-(above ``FAR_ABOVE``), whose step shape is measured (not a shape being explored), is held for the
-next steps at that row count, one step, then three, up to ``HOLD_MAX - 1``, each row clipped to its
-own limit (probes come as scheduled); any other decision ends the hold. The cost model is refitted
-every ``COST_REFRESH`` timed steps, not every step.
+milliseconds), so where there is nothing to decide it does less: a decision that gives every row its
+most, far ahead (above ``FAR_ABOVE``), whose step shape is measured (not a shape being explored), is
+held for the next steps at that row count, one step, then three, up to ``HOLD_MAX - 1``, each row
+clipped to its own limit (probes come as scheduled); any other decision ends the hold (a decision
+below the most is a trade-off the model may be making on a small margin, and is made again each
+step). The cost model is refitted every ``COST_REFRESH`` timed steps, not every step.
 
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
@@ -93,7 +94,7 @@ GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a ro
 SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
 SHAPE_MEMORY = 1024  # steps after which a shape's measurement not renewed is forgotten
-HOLD_MAX = 8  # steps a decision made again, far ahead, is held at most
+HOLD_MAX = 8  # steps a decision of every row at its most, far ahead, is held at most
 COST_REFRESH = 4  # measured steps between refits of the cost model
 
 
@@ -350,9 +351,9 @@ class AdaptiveK:
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
-        self.last_ks: list[int] = []  # the model's last decision (probes aside)
-        self.hold_period = 1  # steps the next decision made again holds for
-        self.held = 0  # steps left holding last_ks
+        self.hold_period = 1  # steps the next decision of every row at its most holds for
+        self.held = 0  # steps left holding every row at its most
+        self.held_rows = 0  # the row count of the held decision
         self.measured = 0  # steps timed
         self.metrics: BatchMetrics | None = None
         self._costs: dict[int, CostModel | None] = {}  # cost_model(rows), refitted every COST_REFRESH timed steps
@@ -414,9 +415,9 @@ class AdaptiveK:
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             return [0] * len(limits)
-        if self.held and len(seqs) == len(self.last_ks) and self.steps < min(self.next_probe, self.next_narrow):
+        if self.held and len(seqs) == self.held_rows and self.steps < min(self.next_probe, self.next_narrow):
             self.held -= 1
-            return self._count(seqs, limits, [min(k, limit) for k, limit in zip(self.last_ks, limits)])
+            return self._count(seqs, limits, limits)
         cost = self._model(len(seqs))
         if cost is None:  # cold start: measure a drafting step, then a plain one
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
@@ -428,12 +429,11 @@ class AdaptiveK:
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         fed = len(ks) * (max(ks) + 1) if self.padded else len(ks) + sum(ks)
-        if far and ks == self.last_ks and self._measured(len(ks), fed):  # the same again: held for longer
+        if far and ks == limits and self._measured(len(ks), fed):  # every row at its most: held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
-            self.held = self.hold_period - 1
+            self.held, self.held_rows = self.hold_period - 1, len(ks)
         else:
             self.hold_period, self.held = 1, 0
-        self.last_ks = ks
         if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
             self.probe_period = self.probe_every
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
