@@ -197,11 +197,14 @@ def test_policy_finds_the_step_in_a_staircase_cost():
     assert np.mean([ks[0] == 15 for ks in chosen]) > 0.8
 
 
-def test_a_decision_of_every_row_at_its_most_is_held_far_ahead(monkeypatch):
-    """Far ahead with every row at its most (α = 0.95, drafts nearly free), the policy scores the choice
-    on one step in ``HOLD_MAX`` or so, not on every step, and drafts the most on nearly every other
-    step (the probes apart); when drafting turns slow (5 target steps a position), it stops drafting
-    within a few holds."""
+@pytest.mark.parametrize("per_position,held", [(0.00005, True), (0.0005, False)])
+def test_a_decision_of_every_row_at_its_most_is_held_far_ahead_where_drafts_cost_nothing(
+        monkeypatch, per_position, held):
+    """Far ahead with every row at its most (α = 0.95) and drafts next to free (8 positions: 4% of a
+    plain step), the policy scores the choice on one step in ``HOLD_MAX`` or so, not on every step, and
+    drafts the most on nearly every other step (the probes apart); when drafting turns slow (5 target
+    steps a position), it stops drafting within a few holds. With drafts that cost 40% of a plain step
+    (a draft model), every step is decided."""
     scored = []
     monkeypatch.setattr(adaptive, "choose_ks", lambda *args: scored.append(1) or choose_ks(*args))
     policy, rng, seqs = AdaptiveK(MAX_K), random.Random(5), [FakeSeq("a")]
@@ -217,11 +220,14 @@ def test_a_decision_of_every_row_at_its_most_is_held_far_ahead(monkeypatch):
             chosen.append(k)
         return chosen
 
-    run(0.0002, 200)
+    run(per_position, 200)
     scored.clear()
-    far = run(0.0002, 400)
-    assert len(scored) < 400 / 4
+    far = run(per_position, 400)
     assert sum(k == MAX_K for k in far) > 0.95 * 400
+    if not held:
+        assert len(scored) > 0.95 * 400
+        return
+    assert len(scored) < 400 / 4
     slow = run(0.05, 200)[4 * HOLD_MAX :]
     assert sum(k == 0 for k in slow) > 0.85 * len(slow)
 

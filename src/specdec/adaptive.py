@@ -64,11 +64,13 @@ count: cost errors depend on the batch's shape, and a row count seen too briefly
 ways is left to the model.
 
 The policy's own work is part of every step (tens of microseconds of Python, against steps of a few
-milliseconds), so where there is nothing to decide it does less: a decision that gives every row its
-most, far ahead (above ``FAR_ABOVE``), whose step shape is measured (not a shape being explored), is
-held for the next steps at that row count, one step, then three, up to ``HOLD_MAX - 1``, each row
-clipped to its own limit (probes come as scheduled); any other decision ends the hold (a decision
-below the most is a trade-off the model may be making on a small margin, and is made again each
+milliseconds), so where there is nothing to decide it does less: with drafts that cost next to
+nothing (drafting the most costs under ``HOLD_DRAFT_SHARE`` of a plain step: an n-gram or suffix
+lookup, not a draft model, whose every position is a trade-off made again each step), a decision
+that gives every row its most, far ahead (above ``FAR_ABOVE``), whose step shape is measured (not a
+shape being explored), is held for the next steps at that row count, one step, then three, up to
+``HOLD_MAX - 1``, each row clipped to its own limit (probes come as scheduled); any other decision
+ends the hold (a decision below the most may be made on a small margin, and is made again each
 step). The cost model is refitted every ``COST_REFRESH`` timed steps, not every step.
 
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
@@ -95,6 +97,7 @@ SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measur
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
 SHAPE_MEMORY = 1024  # steps after which a shape's measurement not renewed is forgotten
 HOLD_MAX = 8  # steps a decision of every row at its most, far ahead, is held at most
+HOLD_DRAFT_SHARE = 0.1  # ... where drafting the most costs less than this share of a plain step
 COST_REFRESH = 4  # measured steps between refits of the cost model
 
 
@@ -429,7 +432,8 @@ class AdaptiveK:
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         fed = len(ks) * (max(ks) + 1) if self.padded else len(ks) + sum(ks)
-        if far and ks == limits and self._measured(len(ks), fed):  # every row at its most: held, longer each time
+        free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
+        if far and free and ks == limits and self._measured(len(ks), fed):  # held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
             self.held, self.held_rows = self.hold_period - 1, len(ks)
         else:
