@@ -24,14 +24,13 @@ from specdec.adaptive import (
     PRIOR_ACCEPTANCE,
     Acceptance,
     AdaptiveK,
-    CostModel,
     FixedK,
-    StepCost,
     choose_ks,
     expected_tokens,
 )
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.step_cost import CostModel, StepCost
 
 MAX_K = 8
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, CostModel, StepCost, choose_ks
+from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, choose_ks
 from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.step_cost import CostModel, StepCost
 
 MAX_K = 8
 PROBE_EVERY = 16

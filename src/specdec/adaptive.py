@@ -84,6 +84,7 @@ from dataclasses import dataclass, field
 
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
+from specdec.step_cost import OUTLIER, Calibration, CostModel, LineFit, StepCost
 
 AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
@@ -91,7 +92,6 @@ PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anythi
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
-OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
 SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
@@ -119,18 +119,6 @@ class FixedK:
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
         """A fixed k has no choices to count."""
-
-
-@dataclass
-class StepCost:
-    """What one step cost: ``num_tokens`` fed to the target (rows + drafts), ``width`` (the longest
-    draft, i.e. sequential draft positions), ``target_seconds`` (target forward, verification and
-    bookkeeping) and ``draft_seconds`` (propose and observe)."""
-
-    num_tokens: int
-    width: int
-    target_seconds: float
-    draft_seconds: float
 
 
 @dataclass
@@ -168,94 +156,6 @@ class Acceptance:
         for i, (a, t, p) in enumerate(zip(self.kept, self.tried, prior)):
             out.append((a + w * (out[-1] if i else p)) / (t + w))
         return out
-
-
-class LineFit:
-    """``t(x) = a + b x`` by exponentially weighted least squares (``decay`` per added point)."""
-
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
-        self.sums = [0.0] * 5  # weight, Σx, Σx², Σt, Σxt
-
-    def add(self, x: float, t: float) -> None:
-        self.sums = [s * self.decay + v for s, v in zip(self.sums, (1.0, x, x * x, t, x * t))]
-
-    @property
-    def spread(self) -> bool:
-        """Whether points at different x were seen (the slope is measured)."""
-        w, sx, sxx = self.sums[:3]
-        return w > 0 and sxx / w - (sx / w) ** 2 > 1e-6 * (1 + (sx / w) ** 2)
-
-    def line(self) -> tuple[float, float]:
-        """``(a, b)``, with ``b >= 0`` (a longer forward never costs less) and ``t(x) > 0`` at the mean x."""
-        w, sx, sxx, st, sxt = self.sums
-        mx, mt = sx / w, st / w
-        b = max(0.0, (sxt / w - mx * mt) / (sxx / w - mx * mx)) if self.spread else 0.0
-        return mt - b * mx, b
-
-
-@dataclass
-class Calibration:
-    """Measured against predicted seconds of one kind of step, as decayed sums (``decay`` per step added)."""
-
-    decay: float
-    weight: float = 0.0  # decayed count of steps
-    measured: float = 0.0
-    predicted: float = 0.0
-
-    def add(self, measured: float, predicted: float) -> None:
-        if self.weight:  # a hiccup of the machine counts as at most OUTLIER times the mean step so far
-            measured = min(measured, OUTLIER * self.measured / self.weight)
-        self.weight = self.weight * self.decay + 1.0
-        self.measured = self.measured * self.decay + measured
-        self.predicted = self.predicted * self.decay + predicted
-
-    def ratio(self) -> float:
-        """Measured over predicted seconds (1 when nothing was measured)."""
-        return self.measured / self.predicted if self.predicted > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Predicted seconds of a step: the target's part ``intercept + slope * tokens`` moved by the measured
-    ``offsets``, plus ``draft_fixed + draft * width`` when it drafts (``width > 0``), the whole of a
-    drafting step times ``drafting_scale`` (the calibration).
-
-    ``offsets``: ``(tokens, measured mean − line)`` for the step shapes measured at this row count, by
-    tokens; a number of tokens takes the offset of the largest measured one at or below it (0 below
-    the first), so a cost that jumps at a kernel's tile size (a staircase, not a line) is predicted
-    from where it was measured on."""
-
-    intercept: float
-    slope: float
-    draft: float
-    draft_fixed: float = 0.0
-    drafting_scale: float = 1.0
-    offsets: tuple[tuple[int, float], ...] = ()
-
-    def target_seconds(self, num_tokens: int) -> float:
-        """The target's part of a step feeding ``num_tokens`` tokens."""
-        offset = 0.0
-        for tokens, measured in self.offsets:
-            if tokens > num_tokens:
-                break
-            offset = measured
-        return max(self.intercept + self.slope * num_tokens + offset, 1e-12)
-
-    def target_curve(self, first: int, last: int) -> list[float]:
-        """:meth:`target_seconds` for ``first..last`` tokens, ``[last - first + 1]``."""
-        size = last - first + 1
-        shift = [0.0] * size
-        for tokens, offset in self.offsets:  # each holds from its tokens on, up to the next
-            start = max(tokens - first, 0)
-            if start < size:
-                shift[start:] = [offset] * (size - start)
-        a, b = self.intercept, self.slope
-        return [max(a + b * n + offset, 1e-12) for n, offset in zip(range(first, last + 1), shift)]
-
-    def seconds(self, num_tokens: int, width: int) -> float:
-        target = self.target_seconds(num_tokens)
-        return (target + self.draft_fixed + self.draft * width) * self.drafting_scale if width else target
 
 
 def expected_tokens(rates: list[float], k: int) -> float:

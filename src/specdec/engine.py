@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.adaptive import AdaptiveK, FixedK, StepCost
+from specdec.adaptive import AdaptiveK, FixedK
 from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+from specdec.step_cost import StepCost
 from specdec.tree import ancestor_mask, compaction_moves, depths
 from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 
