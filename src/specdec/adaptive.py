@@ -297,7 +297,7 @@ class AdaptiveK:
             weight, seconds, step = shapes[n]
             if self.steps - step > SHAPE_MEMORY:
                 del shapes[n]
-            elif weight >= SHAPE_EVIDENCE:  # within the tolerance, the line holds there
+            elif self._measured(rows, n):  # within the tolerance, the line holds there
                 off = seconds / weight - a - b * n
                 offsets.append((n, off if abs(off) >= SHAPE_TOLERANCE * (a + b * n) else 0.0))
         return CostModel(a, b, draft[1], draft[0], offsets=tuple(offsets))
@@ -309,8 +309,14 @@ class AdaptiveK:
         return self._costs[rows]
 
     def _measured(self, rows: int, num_tokens: int) -> bool:
-        """Whether steps of this shape were timed often enough to be predicted by their own mean."""
-        return self.shapes.get(rows, {}).get(num_tokens, (0.0,))[0] >= SHAPE_EVIDENCE
+        """Whether steps of this shape were timed often enough, and recently enough (within
+        ``SHAPE_MEMORY`` steps), to be predicted by their own mean."""
+        weight, _, step = self.shapes.get(rows, {}).get(num_tokens, (0.0, 0.0, 0))
+        return weight >= SHAPE_EVIDENCE and self.steps - step <= SHAPE_MEMORY
+
+    def _fed(self, ks: list[int]) -> int:
+        """Tokens a step drafting ``ks`` feeds the target (padded: every row to the widest)."""
+        return len(ks) * (max(ks) + 1) if self.padded else len(ks) + sum(ks)
 
     def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
@@ -331,9 +337,8 @@ class AdaptiveK:
             cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale, cost.offsets)
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
         far = scale is not None and self.last_speedup > FAR_ABOVE
-        fed = len(ks) * (max(ks) + 1) if self.padded else len(ks) + sum(ks)
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
-        if far and free and ks == limits and self._measured(len(ks), fed):  # held, longer each time
+        if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
             self.held, self.held_rows = self.hold_period - 1, len(ks)
         else:
@@ -348,8 +353,7 @@ class AdaptiveK:
             self.next_probe = self.steps + self.probe_period
         elif self.steps >= self.next_narrow and max(ks) > 1:  # measure the shape one position narrower
             narrower = [min(k, max(ks) - 1) for k in ks]
-            fed = len(ks) * max(narrower) + len(ks) if self.padded else len(ks) + sum(narrower)
-            known = self._measured(len(ks), fed)
+            known = self._measured(len(ks), self._fed(narrower))
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
         return self._count(seqs, limits, ks)

@@ -87,12 +87,7 @@ class CostModel:
 
     def target_seconds(self, num_tokens: int) -> float:
         """The target's part of a step feeding ``num_tokens`` tokens."""
-        offset = 0.0
-        for tokens, measured in self.offsets:
-            if tokens > num_tokens:
-                break
-            offset = measured
-        return max(self.intercept + self.slope * num_tokens + offset, 1e-12)
+        return self.target_curve(num_tokens, num_tokens)[0]
 
     def target_curve(self, first: int, last: int) -> list[float]:
         """:meth:`target_seconds` for ``first..last`` tokens, ``[last - first + 1]``."""
