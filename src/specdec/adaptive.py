@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
-from specdec.step_cost import OUTLIER, Calibration, CostModel, LineFit, StepCost
+from specdec.step_cost import OUTLIER, Calibration, CostModel, LineFit, StepCost, tokens_fed
 
 AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
@@ -130,26 +130,33 @@ class Acceptance:
     decay: float
     prior_weight: float
     carry: bool = False  # the prior of position i > 0 is the rate of position i - 1 (``prior[0]`` the first's)
-    tried: list[float] = field(init=False)
+    tried: list[float] = field(init=False)  # decayed counts, each divided by ``scale``
     kept: list[float] = field(init=False)
+    scale: float = field(init=False)  # decay ** updates (since the counts were last renormalised)
 
     def __post_init__(self) -> None:
         self.tried = [0.0] * self.max_k
         self.kept = [0.0] * self.max_k
+        self.scale = 1.0
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         """A step drafted ``num_drafted`` tokens and kept ``num_accepted``: positions up to the first
-        rejection were tried, the accepted ones kept."""
-        self.tried = [t * self.decay for t in self.tried]
-        self.kept = [a * self.decay for a in self.kept]
+        rejection were tried, the accepted ones kept. Every count decays by ``decay`` per update; the
+        decay is carried by ``scale``, so an update touches only the positions it tried."""
+        self.scale *= self.decay
+        if self.scale < 1e-100:  # renormalise before the stored counts grow out of range
+            self.tried = [t * self.scale for t in self.tried]
+            self.kept = [a * self.scale for a in self.kept]
+            self.scale = 1.0
+        one = 1.0 / self.scale
         for i in range(min(num_drafted, num_accepted + 1, self.max_k)):
-            self.tried[i] += 1.0
+            self.tried[i] += one
             if i < num_accepted:
-                self.kept[i] += 1.0
+                self.kept[i] += one
 
     def rates(self, prior: list[float]) -> list[float]:
         """``[max_k]`` conditional acceptance per position, ``prior`` ``[max_k]`` standing in where few were tried."""
-        w = self.prior_weight
+        w = self.prior_weight / self.scale  # in the stored counts' units
         if not self.carry:
             return [(a + w * p) / (t + w) for a, t, p in zip(self.kept, self.tried, prior)]
         out = []
@@ -297,7 +304,7 @@ class AdaptiveK:
             weight, seconds, step = shapes[n]
             if self.steps - step > SHAPE_MEMORY:
                 del shapes[n]
-            elif self._measured(rows, n):  # within the tolerance, the line holds there
+            elif weight >= SHAPE_EVIDENCE:  # measured (see _measured); within the tolerance, the line holds
                 off = seconds / weight - a - b * n
                 offsets.append((n, off if abs(off) >= SHAPE_TOLERANCE * (a + b * n) else 0.0))
         return CostModel(a, b, draft[1], draft[0], offsets=tuple(offsets))
@@ -315,8 +322,8 @@ class AdaptiveK:
         return weight >= SHAPE_EVIDENCE and self.steps - step <= SHAPE_MEMORY
 
     def _fed(self, ks: list[int]) -> int:
-        """Tokens a step drafting ``ks`` feeds the target (padded: every row to the widest)."""
-        return len(ks) * (max(ks) + 1) if self.padded else len(ks) + sum(ks)
+        """Tokens a step drafting ``ks`` feeds the target."""
+        return tokens_fed(ks, max(ks), self.padded)
 
     def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
@@ -393,16 +400,17 @@ class AdaptiveK:
         self.measured += 1
         if cost is None or self.measured % COST_REFRESH == 0:
             self._costs.clear()
-        if cost is not None:  # the calibration: everything the step cost, the drafter's catch-up included
+        target = step.target_seconds
+        if cost is not None:
+            predicted = cost.target_seconds(step.num_tokens)
+            # The calibration: everything the step cost, the drafter's catch-up included.
             kinds = self.calibration.get(len(seqs))
             if kinds is None:
                 kinds = self.calibration[len(seqs)] = (Calibration(self.guard_decay), Calibration(self.guard_decay))
             plain, drafting = kinds
             (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds,
-                                                    cost.seconds(step.num_tokens, step.width))
-        target = step.target_seconds
-        if cost is not None:  # a hiccup of the machine counts as at most OUTLIER times the prediction
-            target = min(target, OUTLIER * cost.target_seconds(step.num_tokens))
+                                                    cost.with_drafting(predicted, step.width))
+            target = min(target, OUTLIER * predicted)  # a hiccup of the machine counts as at most OUTLIER times
         self.target.add(step.num_tokens, target)
         shapes = self.shapes.setdefault(len(seqs), {})
         weight, seconds, _ = shapes.get(step.num_tokens, (0.0, 0.0, 0))

@@ -28,7 +28,7 @@ from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
-from specdec.step_cost import StepCost
+from specdec.step_cost import StepCost, tokens_fed
 from specdec.tree import ancestor_mask, compaction_moves, depths
 from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 
@@ -199,7 +199,7 @@ class Engine:
         # 6. Metrics and the policy's measurements; the outputs go to the scheduler.
         times = clock.read()
         self._record(seqs, outputs, times)
-        fed = len(seqs) * (width + 1) if self.target.pads_rows else len(seqs) + sum(num_drafted)
+        fed = tokens_fed(num_drafted, width, self.target.pads_rows)
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
             fed, width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs

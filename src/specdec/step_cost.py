@@ -101,5 +101,15 @@ class CostModel:
         return [max(a + b * n + offset, 1e-12) for n, offset in zip(range(first, last + 1), shift)]
 
     def seconds(self, num_tokens: int, width: int) -> float:
-        target = self.target_seconds(num_tokens)
+        """A step feeding ``num_tokens`` tokens, ``width`` draft positions (0: a plain step)."""
+        return self.with_drafting(self.target_seconds(num_tokens), width)
+
+    def with_drafting(self, target: float, width: int) -> float:
+        """A step's seconds from its target part ``target`` (:meth:`target_seconds`) and its ``width``."""
         return (target + self.draft_fixed + self.draft * width) * self.drafting_scale if width else target
+
+
+def tokens_fed(num_drafted: list[int], width: int, padded: bool) -> int:
+    """Tokens a step feeds the target: each row's pending token and its ``num_drafted`` drafts, or
+    (``padded``: the target's grid pads every row to the widest) ``rows x (width + 1)``."""
+    return len(num_drafted) * (width + 1) if padded else len(num_drafted) + sum(num_drafted)
