@@ -100,11 +100,22 @@ def test_padded_grid_drafts_every_row_to_the_width():
     assert choose_ks(rates, limits, CostModel(8.0, 0.1, 0.0), padded=True) == ([0] * 16, 1.0)
 
 
-def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool) -> float:
-    """Predicted tokens per second of drafting ``ks``."""
+def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool,
+              proposing: list[float] | None = None) -> float:
+    """Predicted tokens per second of drafting ``ks``, row ``b`` proposing with probability ``proposing[b]``:
+    one row is a drafting step or (nothing proposed) a plain one; many rows feed their expected number
+    of tokens, the cost between whole numbers interpolated."""
     rows, width = len(ks), max(ks)
-    tokens = rows + sum(expected_tokens(r, k) - 1 for r, k in zip(rates, ks))
-    return tokens / cost.seconds(rows * (width + 1) if padded else rows + sum(ks), width)
+    p = proposing or [1.0] * rows
+    tokens = rows + sum(q * (expected_tokens(r, k) - 1) for q, r, k in zip(p, rates, ks))
+    if rows == 1 and width:
+        return tokens / (p[0] * cost.seconds(1 + ks[0], width) + (1 - p[0]) * cost.seconds(1, 0))
+    if padded or not width:
+        return tokens / cost.seconds(rows * (width + 1) if padded else rows, width)
+    fed = rows + sum(q * k for q, k in zip(p, ks))
+    low = math.floor(fed)
+    target = cost.target_seconds(low) + (fed - low) * (cost.target_seconds(low + 1) - cost.target_seconds(low))
+    return tokens / cost.with_drafting(target, width)
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -119,19 +130,20 @@ def test_choose_ks_equals_scoring_every_width_and_count(padded):
         offsets = tuple(sorted((n, rng.uniform(-0.3, 0.3)) for n in rng.sample(range(1, 60), 4)))
         cost = CostModel(1.0, rng.choice([0.0, 0.02, 0.3]), rng.choice([0.0, 0.01, 0.2]), rng.choice([0.0, 0.1]),
                          rng.uniform(0.8, 1.5), offsets)
+        proposing = rng.choice([None, [rng.uniform(0.2, 1.0) for _ in range(rows)]])
         gains = sorted((-math.prod(rates[b][: i + 1]), i + 1, b) for b in range(rows) for i in range(limits[b]))
-        best = step_rate(rates, [0] * rows, cost, padded)
+        best = step_rate(rates, [0] * rows, cost, padded, proposing)
         for w in range(1, max(limits, default=0) + 1):
             usable = [g for g in gains if g[1] <= w]
             for m in range(1, len(usable) + 1):
                 ks = [0] * rows
                 for _, _, b in usable[:m]:
                     ks[b] += 1
-                best = max(best, step_rate(rates, ks, cost, padded))
-        ks, speedup = choose_ks(rates, limits, cost, padded)
+                best = max(best, step_rate(rates, ks, cost, padded, proposing))
+        ks, speedup = choose_ks(rates, limits, cost, padded, proposing)
         assert all(0 <= k <= limit for k, limit in zip(ks, limits))
-        assert step_rate(rates, ks, cost, padded) == pytest.approx(best, rel=1e-9)
-        assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded), rel=1e-9)
+        assert step_rate(rates, ks, cost, padded, proposing) == pytest.approx(best, rel=1e-9)
+        assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded, proposing), rel=1e-9)
 
 
 @dataclass
@@ -160,6 +172,35 @@ def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: 
         policy.observe(seqs, ks, accepted, StepCost(rows + sum(ks), width, target, draft))
         chosen.append(ks)
     return chosen
+
+
+@pytest.mark.parametrize("proposing, widths", [(1.0, (4, 6)), (0.5, (2, 3))])
+def test_policy_learns_how_often_a_drafter_proposes(proposing, widths):
+    """16 rows on a padded grid (a row without a draft costs the step's width too), 8 ms + 0.2 ms a
+    token fed, α = 0.9. Rows that always propose are worth drafting 5 or 6 wide (4 is 1% behind);
+    rows whose drafter proposes on half the steps (an n-gram lookup without a match) emit nothing
+    extra on the other half, and the best width is 3 (2 is 1.2% behind). Without the proposal rate
+    the policy would draft the second as wide as the first."""
+    rng, rows = random.Random(5), 16
+    policy = AdaptiveK(MAX_K, padded=True)
+    seqs = [FakeSeq(str(b)) for b in range(rows)]
+    chosen = []
+    for _ in range(500):
+        ks = policy.choose(seqs, [MAX_K] * rows)
+        drafted = [k if rng.random() < proposing else 0 for k in ks]
+        accepted = []
+        for n in drafted:
+            a = 0
+            while a < n and rng.random() < 0.9:
+                a += 1
+            accepted.append(a)
+        width = max(drafted)
+        fed = rows * (width + 1)
+        policy.observe(seqs, drafted, accepted, StepCost(fed, width, 0.008 + 0.0002 * fed, 0.0))
+        chosen.append(max(ks))
+    late = Counter(chosen[200:])
+    assert sum(late[w] for w in range(widths[0], widths[1] + 1)) > 0.75 * 300, late  # probes take the rest
+    assert policy.pool_proposals.rate(1.0) == pytest.approx(proposing, abs=0.05)
 
 
 def test_policy_learns_the_formulas_k_from_measurements():

@@ -16,6 +16,16 @@ plain decoding (every ``k_b = 0``) included: speculation is off for a step whose
 is below 1. At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with
 ``c = d / t(1)``.
 
+A drafter asked for a draft need not propose one: an n-gram lookup finds no match on about 40% of
+the embedded pair's steps at one row (code and Spec-Bench). A row that proposes nothing emits its one
+token and feeds the target only that token, except on a padded grid, where it costs the step's
+width like every row. So each row also has ``p_b``, the measured probability that its drafter
+proposes when asked (decayed counts per sequence, with the pool's rate as prior, like acceptance):
+its drafts are worth ``p_b (E_b(k_b) − 1)`` tokens and feed ``p_b k_b`` tokens in expectation
+(:func:`choose_ks`; one row is a drafting step with probability ``p_b``, a plain one otherwise).
+Without it a padded batch of 16 rows, a third of them without a match, was charged for the grid yet
+credited with tokens those rows never emitted, and drafted too wide.
+
 A target's cost is a line only roughly: kernels work in tiles, and a GPU replays a CUDA graph
 captured for a bucket of shapes, so ``t`` climbs in steps (on the embedded pair's CPU, 17 tokens
 cost 15% more than 16). So each timed step also records its time under its shape (rows, tokens), as
@@ -165,6 +175,26 @@ class Acceptance:
         return out
 
 
+@dataclass
+class ProposalRate:
+    """How often a row's drafter proposes a draft when asked for one (an n-gram lookup finds no match on
+    some steps; a draft model always proposes), as decayed counts plus ``prior_weight`` pseudo-counts
+    of a prior given to :meth:`rate`."""
+
+    decay: float
+    prior_weight: float
+    asked: float = 0.0
+    proposed: float = 0.0
+
+    def update(self, proposed: bool) -> None:
+        self.asked = self.asked * self.decay + 1.0
+        self.proposed = self.proposed * self.decay + proposed
+
+    def rate(self, prior: float) -> float:
+        """The probability of a proposal, ``prior`` standing in where few were asked."""
+        return (self.proposed + self.prior_weight * prior) / (self.asked + self.prior_weight)
+
+
 def expected_tokens(rates: list[float], k: int) -> float:
     """``E(k)``: tokens a step emits drafting ``k`` tokens with conditional acceptance ``rates``."""
     total, survive = 1.0, 1.0
@@ -174,22 +204,28 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False
-              ) -> tuple[list[int], float]:
+def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False,
+              proposing: list[float] | None = None) -> tuple[list[int], float]:
     """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
     plain step of the same rows.
 
-    ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long).
-    For each width ``w``, the best choice drafting ``m`` tokens in all takes the ``m`` positions (of
-    positions ``<= w``) with the largest probability of being reached and kept; that probability
-    falls along a row, so this is a prefix of every row. ``padded``: the target's forward costs
-    ``rows x (w + 1)`` tokens whatever each row drafts (its grid pads rows to the longest), so at
-    width ``w`` every row drafts up to ``w``.
+    ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long);
+    ``proposing[b]`` (1 where not given) the probability that row ``b``'s drafter proposes a draft at
+    all when asked (an n-gram lookup finds no match on some steps): a row that proposes nothing emits
+    its one token and, unpadded, feeds only it. So row ``b``'s position ``i`` is worth ``p_b S_bi``
+    tokens (``S_bi``: the probability it is reached and kept) for ``p_b`` tokens fed in expectation.
+    For each width ``w``, the best choice of expected tokens fed takes the positions (of positions
+    ``<= w``) with the largest ``S_bi``, worth the most per token fed; ``S`` falls along a row, so this
+    is a prefix of every row (the cost of a fractional number of tokens fed is interpolated between
+    its neighbours). ``padded``: the target's forward costs ``rows x (w + 1)`` tokens whatever each row
+    drafts (its grid pads rows to the longest, a row without a draft included), so at width ``w``
+    every row drafts up to ``w``.
     """
     rows = len(limits)
+    proposing = proposing or [1.0] * rows
     if rows == 1:  # one row: its width is its count, so the widths are the only choices
-        return _choose_k(rates[0], limits[0], cost)
-    gains = []  # (minus the probability the token is emitted as a kept draft, position, row)
+        return _choose_k(rates[0], limits[0], cost, proposing[0])
+    gains = []  # (minus the probability the token is kept if drafted, position, row)
     for b, limit in enumerate(limits):
         survive = 1.0
         for i in range(limit):
@@ -201,13 +237,19 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     plain = rows / target[0]
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
-        tokens, count, drafting = float(rows), 0, cost.draft_fixed + cost.draft * w
-        for gain, position, _ in gains:
+        tokens, fed, count, drafting = float(rows), 0.0, 0, cost.draft_fixed + cost.draft * w
+        for gain, position, b in gains:
             if position > w:
                 continue
-            tokens -= gain
+            tokens -= gain * proposing[b]
+            fed += proposing[b]
             count += 1
-            rate = tokens / ((target[rows * w if padded else count] + drafting) * cost.drafting_scale)
+            if padded:
+                seconds = target[rows * w]
+            else:  # between the costs of its neighbouring whole numbers of tokens
+                low = int(fed)
+                seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
+            rate = tokens / ((seconds + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
     ks = [0] * rows
@@ -221,16 +263,18 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     return ks, best / plain
 
 
-def _choose_k(rates: list[float], limit: int, cost: CostModel) -> tuple[list[int], float]:
-    """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft)."""
+def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float = 1.0) -> tuple[list[int], float]:
+    """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft). With probability
+    ``1 - proposing`` the step is plain whatever k is (nothing proposed)."""
     target = cost.target_curve(1, limit + 1)  # [tokens - 1]
     plain = 1.0 / target[0]
     best, best_k, survive, tokens = plain, 0, 1.0, 1.0
     fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
+    unproposed = (1.0 - proposing) * target[0]  # the expected seconds of the steps that stay plain
     for k in range(1, limit + 1):
         survive *= rates[k - 1]
-        tokens += survive
-        rate = tokens / ((target[k] + fixed + per_position * k) * scale)
+        tokens += survive * proposing
+        rate = tokens / (proposing * (target[k] + fixed + per_position * k) * scale + unproposed)
         if rate > best:
             best, best_k = rate, k
     return [best_k], best / plain
@@ -249,6 +293,9 @@ class AdaptiveK:
         self.target = LineFit(cost_decay)
         self.drafting = LineFit(draft_decay)  # drafting seconds against width, over drafting steps
         self.seqs: dict[str, Acceptance] = {}
+        self.pool_proposals = ProposalRate(pool_decay, prior_weight=1.0)  # prior 1: a drafter proposes
+        self.proposals: dict[str, ProposalRate] = {}  # per sequence, the pool's rate as prior
+        self.asked: list[int] = []  # the ks of the step chosen last, row by row
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.shape_decay = shape_decay
         # rows -> tokens -> (decayed timed steps, decayed seconds, the step it was last timed)
@@ -278,6 +325,12 @@ class AdaptiveK:
         if estimate is None:
             estimate = Acceptance(self.max_k, self.seq_decay, prior_weight=2.0)
             self.seqs[seq.request_id] = estimate
+        return estimate
+
+    def _proposing(self, seq: Sequence) -> ProposalRate:
+        estimate = self.proposals.get(seq.request_id)
+        if estimate is None:
+            estimate = self.proposals[seq.request_id] = ProposalRate(self.seq_decay, prior_weight=2.0)
         return estimate
 
     def draft_cost(self) -> tuple[float, float] | None:
@@ -330,7 +383,8 @@ class AdaptiveK:
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
-            return [0] * len(limits)
+            self.asked = [0] * len(limits)
+            return self.asked
         if self.held and len(seqs) == self.held_rows and self.steps < min(self.next_probe, self.next_narrow):
             self.held -= 1
             return self._count(seqs, limits, limits)
@@ -342,7 +396,9 @@ class AdaptiveK:
         scale = self.drafting_scale(len(seqs))
         if scale is not None:
             cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale, cost.offsets)
-        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded)
+        pooled = self.pool_proposals.rate(1.0)
+        proposing = [self._proposing(s).rate(pooled) for s in seqs]
+        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing)
         far = scale is not None and self.last_speedup > FAR_ABOVE
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
         if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
@@ -383,11 +439,16 @@ class AdaptiveK:
                     self.metrics.k_choices[k] = self.metrics.k_choices.get(k, 0) + 1
         if self.metrics is not None and any(limits) and not any(ks):
             self.metrics.num_speculation_off_steps += 1
+        self.asked = ks
         return ks
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
         """Learn a step's outcome: acceptance of each row and of the pool, and the step's cost."""
-        for s, n, a in zip(seqs, num_drafted, num_accepted):
+        asked = self.asked if len(self.asked) == len(seqs) else num_drafted  # what choose gave these rows
+        for s, k, n, a in zip(seqs, asked, num_drafted, num_accepted):
+            if k:  # asked to draft: whether it proposed anything
+                self._proposing(s).update(n > 0)
+                self.pool_proposals.update(n > 0)
             if n:
                 self._acceptance(s).update(n, a)
                 self.pool.update(n, a)
@@ -426,6 +487,7 @@ class AdaptiveK:
 
     def release(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)
+        self.proposals.pop(seq.request_id, None)
 
 
 def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False) -> FixedK | AdaptiveK:
