@@ -23,7 +23,7 @@ width like every row. So each row also has ``p_b``, the measured probability tha
 proposes when asked (decayed counts per sequence, with the pool's rate as prior, like acceptance):
 its drafts are worth ``p_b (E_b(k_b) − 1)`` tokens and feed ``p_b k_b`` tokens in expectation
 (:func:`choose_ks`; one row is a drafting step with probability ``p_b``, a plain one otherwise).
-Without it a padded batch of 16 rows, a third of them without a match, was charged for the grid yet
+Without it a padded batch of 16 rows, many of them without a match, was charged for the grid yet
 credited with tokens those rows never emitted, and drafted too wide.
 
 A target's cost is a line only roughly: kernels work in tiles, and a GPU replays a CUDA graph
