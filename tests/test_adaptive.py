@@ -327,6 +327,28 @@ def test_policy_switches_off_with_low_acceptance_and_with_costly_verification():
     assert np.mean([sum(ks) >= 32 for ks in cheap]) > 0.85
 
 
+@pytest.mark.parametrize("proposing", [1.0, 0.7])
+def test_a_plain_step_of_a_drafter_without_a_proposal_takes_the_plain_probes_place(proposing):
+    """One row, free drafts, α = 0.9, 10 ms + 0.1 ms a token fed: speculation pays far ahead, so the
+    policy never decides a plain step, and inverts its decision now and then to time one. Where the
+    drafter proposes nothing on 30% of steps (an n-gram lookup without a match) those steps are plain
+    steps timed anyway, and no probe gives up a speculative step."""
+    policy, rng, seq = AdaptiveK(MAX_K), random.Random(2), FakeSeq("a")
+    chosen_plain = 0
+    for step in range(2000):
+        k = policy.choose([seq], [MAX_K])[0]
+        chosen_plain += step >= 100 and k == 0
+        drafted = k if rng.random() < proposing else 0
+        accepted = 0
+        while accepted < drafted and rng.random() < 0.9:
+            accepted += 1
+        policy.observe([seq], [drafted], [accepted], StepCost(1 + drafted, drafted, 0.010 + 0.0001 * drafted, 0.0))
+    if proposing == 1.0:
+        assert chosen_plain >= 5  # the probes, backing off to one every 512 steps
+    else:
+        assert chosen_plain == 0
+
+
 def test_policy_counts_its_choices():
     """``k_choices`` (per request and per engine) and the steps with speculation off are exactly what
     ``choose`` returned, rows that could not draft (limit 0) left out."""

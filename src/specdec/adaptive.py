@@ -47,7 +47,8 @@ few tries leans on the rate of the position before it (its prior), not on a cons
 acceptance changes slowly along a draft, and a constant prior below the measured rates would keep
 longer drafts from ever being tried. Every ``probe_every`` steps the decision is
 inverted once (a plain step when speculating, short drafts when not) so that both ends of the
-cost line stay measured; where the calibrated prediction below is more than ``FAR_ABOVE`` times
+cost line stay measured (a plain step timed within the period anyway, every row's drafter having
+proposed nothing, takes the plain probe's place); where the calibrated prediction below is more than ``FAR_ABOVE`` times
 plain decoding (far from switching speculation off), the plain probes back off, as each one gives up
 the tokens of a speculative step: the period doubles after each probe taken there (``FAR_PROBES``
 periods at most), and falls back to ``probe_every`` at the first step that is not far. The first
@@ -308,6 +309,7 @@ class AdaptiveK:
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
+        self.last_plain: dict[int, int] = {}  # rows -> the step a plain step of that many rows was last timed
         self.hold_period = 1  # steps the next decision of every row at its most holds for
         self.held = 0  # steps left holding every row at its most
         self.held_rows = 0  # the row count of the held decision
@@ -410,9 +412,12 @@ class AdaptiveK:
             self.probe_period = self.probe_every
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe:  # invert the decision once
-            ks = [min(PROBE_DRAFT, limit) for limit in limits] if not any(ks) else [0] * len(ks)
-            if far:
-                self.probe_period = min(2 * self.probe_period, FAR_PROBES * self.probe_every)
+            if not any(ks):
+                ks = [min(PROBE_DRAFT, limit) for limit in limits]
+            elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:
+                ks = [0] * len(ks)
+                if far:
+                    self.probe_period = min(2 * self.probe_period, FAR_PROBES * self.probe_every)
             self.next_probe = self.steps + self.probe_period
         elif self.steps >= self.next_narrow and max(ks) > 1:  # measure the shape one position narrower
             narrower = [min(k, max(ks) - 1) for k in ks]
@@ -459,6 +464,8 @@ class AdaptiveK:
             return
         cost = self._model(len(seqs))
         self.measured += 1
+        if not step.width:
+            self.last_plain[len(seqs)] = self.steps
         if cost is None or self.measured % COST_REFRESH == 0:
             self._costs.clear()
         target = step.target_seconds
