@@ -19,15 +19,8 @@ from test_sampling_exactness import assert_matches_target
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, adaptive
-from specdec.adaptive import (
-    HOLD_MAX,
-    PRIOR_ACCEPTANCE,
-    Acceptance,
-    AdaptiveK,
-    FixedK,
-    choose_ks,
-    expected_tokens,
-)
+from specdec.acceptance import Acceptance, expected_tokens
+from specdec.adaptive import HOLD_MAX, PRIOR_ACCEPTANCE, AdaptiveK, FixedK, choose_ks
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
