@@ -91,6 +91,8 @@ need not repeat the same tokens run to run.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specdec.acceptance import Acceptance, ProposalRate
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
@@ -323,7 +325,7 @@ class AdaptiveK:
         rates = [self._acceptance(s).rates(pool) for s in seqs]
         scale = self.drafting_scale(len(seqs))
         if scale is not None:
-            cost = CostModel(cost.intercept, cost.slope, cost.draft, cost.draft_fixed, scale, cost.offsets)
+            cost = replace(cost, drafting_scale=scale)
         pooled = self.pool_proposals.rate(1.0)
         proposing = [self._proposing(s).rate(pooled) for s in seqs]
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing)
