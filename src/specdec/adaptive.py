@@ -154,6 +154,8 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     proposing = proposing or [1.0] * rows
     if rows == 1:  # one row: its width is its count, so the widths are the only choices
         return _choose_k(rates[0], limits[0], cost, proposing[0])
+    if padded:
+        return _choose_width(rates, limits, cost, proposing)
     gains = []  # (minus the probability the token is kept if drafted, position, row)
     for b, limit in enumerate(limits):
         survive = 1.0
@@ -173,11 +175,8 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             tokens -= gain * proposing[b]
             fed += proposing[b]
             count += 1
-            if padded:
-                seconds = target[rows * w]
-            else:  # between the costs of its neighbouring whole numbers of tokens
-                low = int(fed)
-                seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
+            low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
+            seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
             rate = tokens / ((seconds + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
@@ -190,6 +189,30 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             ks[b] += 1
             taken += 1
     return ks, best / plain
+
+
+def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel,
+                  proposing: list[float]) -> tuple[list[int], float]:
+    """:func:`choose_ks` on a padded grid of several rows: a step of width ``w`` costs the same whichever
+    rows draft, so every row drafts up to ``w`` (each position adds tokens for nothing more) and only
+    the width is chosen, in ``O(rows x width)``: width ``w`` adds ``sum_b p_b S_bw`` tokens."""
+    rows, widest = len(limits), max(limits, default=0)
+    added = [0.0] * (widest + 1)  # [w]: expected tokens position w adds over the rows
+    for b, limit in enumerate(limits):
+        survive, p, row = 1.0, proposing[b], rates[b]
+        for i in range(limit):
+            survive *= row[i]
+            added[i + 1] += p * survive
+    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]
+    plain = rows / target[0]
+    best, best_w, tokens = plain, 0, float(rows)
+    fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
+    for w in range(1, widest + 1):
+        tokens += added[w]
+        rate = tokens / ((target[rows * w] + fixed + per_position * w) * scale)
+        if rate > best:
+            best, best_w = rate, w
+    return [min(best_w, limit) for limit in limits], best / plain
 
 
 def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float = 1.0) -> tuple[list[int], float]:
