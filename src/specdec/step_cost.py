@@ -73,8 +73,8 @@ class CostModel:
     ``offsets``, plus ``draft_fixed + draft * width`` when it drafts (``width > 0``), the whole of a
     drafting step times ``drafting_scale`` (the calibration).
 
-    ``offsets``: ``(tokens, measured mean − line)`` for the step shapes measured at this row count, by
-    tokens; a number of tokens takes the offset of the largest measured one at or below it (0 below
+    ``offsets``: ``(tokens, measured mean − line)`` for the step shapes measured at this row count, in
+    increasing tokens; a number of tokens takes the offset of the largest measured one at or below it (0 below
     the first), so a cost that jumps at a kernel's tile size (a staircase, not a line) is predicted
     from where it was measured on."""
 
@@ -87,7 +87,12 @@ class CostModel:
 
     def target_seconds(self, num_tokens: int) -> float:
         """The target's part of a step feeding ``num_tokens`` tokens."""
-        return self.target_curve(num_tokens, num_tokens)[0]
+        shift = 0.0
+        for tokens, offset in self.offsets:  # the largest measured number of tokens at or below it
+            if tokens > num_tokens:
+                break
+            shift = offset
+        return max(self.intercept + self.slope * num_tokens + shift, 1e-12)
 
     def target_curve(self, first: int, last: int) -> list[float]:
         """:meth:`target_seconds` for ``first..last`` tokens, ``[last - first + 1]``."""
