@@ -10,7 +10,8 @@ The ragged batch of :class:`~specdec.models.base.ForwardBatch` is laid out as a 
 computed but write only to a scratch column of the cache and are never returned. On CUDA,
 chain forwards of up to 16 tokens per row replay captured graphs (:mod:`.cuda_graphs`)
 unless the model was loaded with ``enforce_eager``; attention always spans a bucketed cache
-length with a mask, so its cost and plan do not follow every new length.
+length with a mask, so its cost and plan do not follow every new length. On a CPU, a bfloat16
+forward of one token per row attends each query as a pair (:data:`PAIR_SINGLE_QUERIES`).
 """
 
 from __future__ import annotations
