@@ -238,7 +238,7 @@ def build_runners(
         if options.draft_is_target:
             assistant = target
         else:
-            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device), device)
+            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device, False), device)
 
     def llm(config: dict[str, Any] | None) -> LLM:
         return LLM(

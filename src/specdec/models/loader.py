@@ -85,11 +85,7 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         model = source.to(device=device, dtype=resolve_dtype(dtype, source.config, device))
         return model.eval(), name
     name = _check_source(source)
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except Exception as exc:  # any failure to read a config is a bad model folder
-        raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
-    _check_config(config, name)
+    config = _load_config(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device))
     except SpecDecError:
@@ -97,6 +93,25 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
     except Exception as exc:  # truncated or corrupt weights raise safetensors' and torch's own types
         raise SpecDecError(f"could not load model {name!r}: {_one_line(exc)}") from exc
     return model.to(device).eval(), name
+
+
+def _load_config(name: str):
+    """The checked config of the model folder or hub id ``name``."""
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except Exception as exc:  # any failure to read a config is a bad model folder
+        raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
+    _check_config(config, name)
+    return config
+
+
+def runs_on_fast_backend(source: ModelSource, backend: str) -> bool:
+    """Whether :func:`load_causal_lm` with ``backend`` runs ``source`` on the fast backend (only its
+    config is read)."""
+    if backend != "auto":
+        return backend == "fast"
+    config = source.config if isinstance(source, PreTrainedModel) else _load_config(_check_source(source))
+    return unsupported_reason(config) is None
 
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
