@@ -58,8 +58,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         "--draft-dtype",
         default=None,
         help="draft dtype, for specdec and transformers' assistant alike (default: the target's; on CPU float32 for "
-        "a float16 target, and for a bfloat16 one where the draft runs on transformers' forward, as the assistant "
-        "always does)",
+        "a float16 target, and for a bfloat16 one where specdec runs the draft on transformers' forward)",
     )
     models.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     models.add_argument(

@@ -26,7 +26,7 @@ from specdec.drafters import DRAFTERS, SpeculativeConfig
 from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
-from specdec.models.loader import ModelSource, load_hf_model
+from specdec.models.loader import ModelSource, load_hf_model, runs_on_fast_backend
 from specdec.sampling import SamplingParams
 
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
@@ -227,7 +227,7 @@ def build_runners(
     Every specdec method (plain, and each registered drafter through one code path) gets its own
     ``LLM`` over the shared target, in the target's dtype on its device; a drafter that needs a
     model gets the shared draft (a folder, hub id or loaded model), which transformers' assistant
-    runs too, in the same dtype.
+    runs too, in the same dtype: specdec's default for it (:func:`resolve_draft_dtype`).
     """
     needs_draft = sorted({spec.method for spec in specs if spec.kind.needs_draft})
     if needs_draft and draft is None and not options.draft_is_target:
@@ -238,7 +238,8 @@ def build_runners(
         if options.draft_is_target:
             assistant = target
         else:
-            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device, False), device)
+            fast = runs_on_fast_backend(draft, options.backend)
+            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device, fast), device)
 
     def llm(config: dict[str, Any] | None) -> LLM:
         return LLM(
