@@ -114,8 +114,7 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--dtype", default=dtype_default, help=f"auto, float32, bfloat16, float16 or float64 "
                    f"(default {dtype_default})")
     p.add_argument("--speculative-dtype", default=None,
-                   help="draft model dtype (default: the target's; on CPU float32 for a float16 target, and for a "
-                        "bfloat16 one where the draft runs on transformers' forward)")
+                   help="draft model dtype (default: the target's; float32 for a float16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
     p.add_argument("--max-num-seqs", type=int, default=16,

@@ -57,8 +57,8 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     models.add_argument(
         "--draft-dtype",
         default=None,
-        help="draft dtype, for specdec and transformers' assistant alike (default: the target's; on CPU float32 for "
-        "a float16 target, and for a bfloat16 one where specdec runs the draft on transformers' forward)",
+        help="draft dtype, for specdec and transformers' assistant alike (default: the target's; float32 for a "
+        "float16 target on CPU)",
     )
     models.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     models.add_argument(

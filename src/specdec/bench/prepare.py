@@ -114,7 +114,7 @@ def _load_models(
     if source.draft_synthetic is not None:
         draft = build_synthetic(
             source.draft_synthetic,
-            resolve_draft_dtype(args.draft_dtype, dtype, device, args.backend != "hf"),
+            resolve_draft_dtype(args.draft_dtype, dtype, device),
             device,
             seed=1,
             vocab_size=target.config.vocab_size,

@@ -26,7 +26,7 @@ from specdec.drafters import DRAFTERS, SpeculativeConfig
 from specdec.drafters.draft_model import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
-from specdec.models.loader import ModelSource, load_hf_model, runs_on_fast_backend
+from specdec.models.loader import ModelSource, load_hf_model
 from specdec.sampling import SamplingParams
 
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
@@ -238,8 +238,7 @@ def build_runners(
         if options.draft_is_target:
             assistant = target
         else:
-            fast = runs_on_fast_backend(draft, options.backend)
-            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device, fast), device)
+            assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device), device)
 
     def llm(config: dict[str, Any] | None) -> LLM:
         return LLM(

@@ -21,24 +21,21 @@ from specdec.drafters.base import (
 from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
-from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype, runs_on_fast_backend
+from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
 
-def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch.dtype, device: torch.device,
-                        fast_backend: bool) -> torch.dtype:
-    """The draft's dtype: ``requested`` when given, else the target's, except float32 on a CPU for a
-    float16 target (float16 arithmetic is slow there) and for a bfloat16 target where the draft runs on
-    transformers' forward (``fast_backend`` False). On a CPU torch's attention is 2-4x slower for one
-    bfloat16 query than for two; the fast backend attends such a query as a pair
-    (:data:`~specdec.models.fast_llama.PAIR_SINGLE_QUERIES`), and there the embedded bfloat16 draft ran
-    1-15% faster end to end than in float32 at 1 to 32 rows, while transformers' forward does not
-    pair, and a small model's one-token step was fastest in float32 when nothing did."""
+def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch.dtype,
+                        device: torch.device) -> torch.dtype:
+    """The draft's dtype: ``requested`` when given, else the target's, except float32 on a CPU under a
+    float16 target (float16 arithmetic is slow there). Under a bfloat16 target on a CPU the draft runs
+    in bfloat16: its one-token attention used to take torch's slow path for a single bfloat16 query,
+    which made float32 the faster default; the fast backend now attends such a query as a pair
+    (:data:`~specdec.models.fast_llama.PAIR_SINGLE_QUERIES`)."""
     if requested is not None and requested != "auto":
         return resolve_dtype(requested, None, device)
-    slow_on_cpu = target_dtype == torch.float16 or (target_dtype == torch.bfloat16 and not fast_backend)
-    if device.type == "cpu" and slow_on_cpu:
+    if device.type == "cpu" and target_dtype == torch.float16:
         return torch.float32
     return target_dtype
 
@@ -82,8 +79,7 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> DraftModelDrafter:
-        dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device,
-                                    runs_on_fast_backend(config.model, options.backend))
+        dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
         model = load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
                                enforce_eager=options.enforce_eager)
         draft_tokenizer = load_tokenizer(config.model, required=False)

@@ -105,15 +105,6 @@ def _load_config(name: str):
     return config
 
 
-def runs_on_fast_backend(source: ModelSource, backend: str) -> bool:
-    """Whether :func:`load_causal_lm` with ``backend`` runs ``source`` on the fast backend (only its
-    config is read)."""
-    if backend != "auto":
-        return backend == "fast"
-    config = source.config if isinstance(source, PreTrainedModel) else _load_config(_check_source(source))
-    return unsupported_reason(config) is None
-
-
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions")
 """Config fields that, where a config has them, must be positive integers."""
