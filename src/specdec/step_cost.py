@@ -96,14 +96,7 @@ class CostModel:
 
     def target_curve(self, first: int, last: int) -> list[float]:
         """:meth:`target_seconds` for ``first..last`` tokens, ``[last - first + 1]``."""
-        size = last - first + 1
-        shift = [0.0] * size
-        for tokens, offset in self.offsets:  # each holds from its tokens on, up to the next
-            start = max(tokens - first, 0)
-            if start < size:
-                shift[start:] = [offset] * (size - start)
-        a, b = self.intercept, self.slope
-        return [max(a + b * n + offset, 1e-12) for n, offset in zip(range(first, last + 1), shift)]
+        return [self.target_seconds(n) for n in range(first, last + 1)]
 
     def seconds(self, num_tokens: int, width: int) -> float:
         """A step feeding ``num_tokens`` tokens, ``width`` draft positions (0: a plain step)."""

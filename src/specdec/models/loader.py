@@ -85,7 +85,11 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         model = source.to(device=device, dtype=resolve_dtype(dtype, source.config, device))
         return model.eval(), name
     name = _check_source(source)
-    config = _load_config(name)
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except Exception as exc:  # any failure to read a config is a bad model folder
+        raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
+    _check_config(config, name)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device))
     except SpecDecError:
@@ -93,16 +97,6 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
     except Exception as exc:  # truncated or corrupt weights raise safetensors' and torch's own types
         raise SpecDecError(f"could not load model {name!r}: {_one_line(exc)}") from exc
     return model.to(device).eval(), name
-
-
-def _load_config(name: str):
-    """The checked config of the model folder or hub id ``name``."""
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except Exception as exc:  # any failure to read a config is a bad model folder
-        raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
-    _check_config(config, name)
-    return config
 
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
