@@ -367,7 +367,7 @@ class FastLlamaLM(CausalLM):
         else:
 
             def read(pool: torch.Tensor) -> torch.Tensor:
-                return pool.index_select(0, g.slots)[:, :, :key_len]
+                return pool[:, :, :key_len].index_select(0, g.slots)  # only the attended columns are copied
 
         return write, read
 
