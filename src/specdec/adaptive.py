@@ -206,10 +206,9 @@ def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel,
     target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
     plain = rows / target[0]
     best, best_w, tokens = plain, 0, float(rows)
-    fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
     for w in range(1, widest + 1):
         tokens += added[w]
-        rate = tokens / ((target[w] + fixed + per_position * w) * scale)
+        rate = tokens / cost.with_drafting(target[w], w)
         if rate > best:
             best, best_w = rate, w
     return [min(best_w, limit) for limit in limits], best / plain
