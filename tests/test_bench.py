@@ -175,6 +175,10 @@ class ScriptedRunner(Runner):
     def __init__(self, spec: MethodSpec, corrupt: bool = False, max_batch_size: int = 8) -> None:
         self.spec, self.corrupt, self.max_batch_size = spec, corrupt, max_batch_size
         self.calls: list[int] = []
+        self.forgotten_after: list[int] = []  # the number of calls made when forget() was called
+
+    def forget(self) -> None:
+        self.forgotten_after.append(len(self.calls))
 
     def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
         assert len(prompts) <= self.max_batch_size
@@ -237,13 +241,28 @@ def test_method_order_rotates_and_sampling_skips_greedy_checks():
     settings = BenchSettings(max_tokens=4, temperature=0.7, seeds=(1, 2), warmup=0)
     result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), settings, progress=False)
     first = [m for m in result.measurements if m.turn == 0]
-    assert [(m.seed, m.method, m.order) for m in first[:4]] == [
-        (1, "plain", 0),
-        (1, "hf", 1),
-        (2, "hf", 0),
-        (2, "plain", 1),
+    assert [(m.seed, m.question_id, m.method, m.order) for m in first[:6]] == [
+        (1, "1", "plain", 0),
+        (1, "1", "hf", 1),
+        (1, "2", "hf", 0),
+        (1, "2", "plain", 1),
+        (2, "1", "plain", 0),
+        (2, "1", "hf", 1),
     ]
     assert result.mismatches == {} and all(m.matches_reference is None for m in result.measurements)
+
+
+def test_units_run_pass_by_pass_and_each_pass_starts_forgotten():
+    """Every group under one repeat and seed, then the next pass; runners forget what they learnt
+    across requests after the warm-up and before every pass (3 calls a pass: two questions, one with
+    two turns)."""
+    runners = [ScriptedRunner(MethodSpec("plain"), max_batch_size=1), ScriptedRunner(MethodSpec("suffix", 2))]
+    settings = BenchSettings(max_tokens=4, seeds=(1, 2), repeats=2, warmup=1)
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), settings, progress=False)
+    passes = [(m.repeat, m.seed) for m in result.measurements if m.method == "plain" and m.turn == 0]
+    assert passes == [(0, 1), (0, 1), (0, 2), (0, 2), (1, 1), (1, 1), (1, 2), (1, 2)]
+    for runner in runners:
+        assert runner.forgotten_after == [1, 4, 7, 10]  # one warm-up call, then 3 calls a pass
 
 
 def test_prompts_beyond_the_context_window_are_skipped():

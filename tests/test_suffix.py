@@ -147,3 +147,30 @@ def test_bench_runner_forgets_the_warm_up(model_dirs):
     assert llm.engine.drafter.shared.num_tokens == 11
     runner.forget()
     assert llm.engine.drafter.shared.num_tokens == 0
+
+
+def test_bench_repeats_measure_what_the_first_pass_did():
+    """With --repeats the suffix cache forgets before each pass: the second repeat drafts and keeps
+    exactly what the first did (greedy, float64), not the answers it saw in the first."""
+    from specdec.bench.harness import BenchSettings, run_benchmark
+    from specdec.bench.methods import MethodSpec
+    from specdec.bench.runners import SpecDecRunner
+
+    class Prompts:
+        def build(self, turns, answers):
+            return [3 + len(t) for t in turns]
+
+        def decode(self, token_ids):
+            return "x" * len(token_ids)
+
+    model = build_model("llama", seed=3)
+    runners = [SpecDecRunner(MethodSpec("plain"), LLM(model, dtype="float64")),
+               SpecDecRunner(MethodSpec("suffix", 3), LLM(model, dtype="float64",
+                             speculative_config={"method": "suffix", "num_speculative_tokens": 3}))]
+    questions = [Question(str(i), "code", ("a" * (i + 1),), "code") for i in range(3)]
+    settings = BenchSettings(max_tokens=24, repeats=2, warmup=0)
+    result = run_benchmark(runners, questions, Prompts(), settings, progress=False)
+    suffix = [m for m in result.measurements if m.method == "suffix k=3"]
+    kept = {r: [m.metrics.num_accepted_tokens for m in suffix if m.repeat == r] for r in (0, 1)}
+    assert kept[0] == kept[1] and sum(kept[0]) > 0
+    assert result.mismatches == {}

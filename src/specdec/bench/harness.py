@@ -5,7 +5,11 @@ For each batch size ``B`` the questions of each category are cut, in order, into
 one repeat. Every runner that takes ``B`` prompts at once runs every unit (transformers peers
 take one: they run at batch 1 only); the order of the runners rotates from one unit to the
 next so that no method always runs first (or always right after another). Before the units
-of a batch size, each runner runs ``warmup`` untimed calls of ``B`` prompts.
+of a batch size, each runner runs ``warmup`` untimed calls of ``B`` prompts. Units run in
+*passes*: every group under one repeat and seed, then the next pass. A runner whose drafter
+learns across requests (the suffix cache) forgets it after the warm-up and before each pass, so
+every pass measures what the first did: a question is drafted from the earlier questions of its
+pass, never from its own answer in an earlier repeat or seed.
 
 Within a unit a runner generates turn after turn: turn ``t`` of every question of the group
 that has one is one generate call (a batch), and each answer becomes part of that question's
@@ -351,11 +355,11 @@ def run_benchmark(
     plan = []
     for batch_size in settings.batch_sizes:
         eligible = [r for r in runners if r.max_batch_size >= batch_size]
-        units = [
+        units = [  # pass by pass: every group under one repeat and seed, then the next pass
             _Unit(group, seed, repeat, batch_size)
-            for group in groups(questions, batch_size)
-            for seed in settings.seeds
             for repeat in range(settings.repeats)
+            for seed in settings.seeds
+            for group in groups(questions, batch_size)
         ]
         plan.append((batch_size, eligible, units))
 
@@ -368,6 +372,9 @@ def run_benchmark(
         for batch_size, eligible, units in plan:
             _warm_up(eligible, questions, prompts, settings, batch_size)
             for index, unit in enumerate(units):
+                if index and (unit.repeat, unit.seed) != (units[index - 1].repeat, units[index - 1].seed):
+                    for runner in eligible:  # a new pass: a cross-request cache starts as it did in the first
+                        runner.forget()
                 shift = index % len(eligible)
                 done: list[Measurement] = []
                 for order, runner in enumerate([*eligible[shift:], *eligible[:shift]]):
