@@ -159,25 +159,28 @@ def test_tree_logits_rows_select_nodes(fast_models):
 
 
 def test_gathered_reads_share_one_scratch_across_forwards_of_any_shape(fast_models):
-    """Rows on non-consecutive slots are read into the pool's scratch (allocated once, reused by every
-    layer and forward): keys and values never share a buffer, and a forward of more rows or a longer
-    context after a smaller one (or the other way round) reads its own cache."""
+    """Rows on non-consecutive slots are read into the pool's scratch, reused by every layer and
+    forward and grown only when a read needs more: keys and values never share a buffer, and each
+    forward (more rows or a longer context after a smaller one, or the other way round) reads its
+    own cache."""
     _, model, lm, _ = fast_models
     cache = lm.new_cache(5, 40)
     contexts = {4: [3, 9, 27, 81, 5], 1: [2, 4, 8, 16, 32, 64, 7, 14, 28, 56, 11, 22], 3: [6, 12, 24]}
     prefill(lm, cache, contexts)
-    scratch = None
+    scratches = []
     for slots, new in (([4, 1], [[7], [19]]), ([3, 1, 4], [[44, 45], [46], [47, 48, 49]]), ([3, 4], [[50], [51]])):
         batch = ForwardBatch.from_rows(new, [cache.lengths[s] for s in slots], slots, CPU)
         out = lm.forward(batch, cache)
-        scratch = scratch if scratch is not None else cache.gather_scratch
-        assert cache.gather_scratch is scratch and scratch is not None
+        scratches.append(cache.gather_scratch)
         offset = 0
         for slot, tokens in zip(slots, new):
             expected, _ = reference_chain(model, contexts[slot] + tokens)
             torch.testing.assert_close(out.logits[offset : offset + len(tokens)], expected[-len(tokens) :], **TOL)
             contexts[slot] = contexts[slot] + tokens
             offset += len(tokens)
+    first, grown, reused = scratches
+    assert first is not None and grown is not first and reused is grown  # grown once, for the larger read
+    assert grown.shape[1] <= cache.keys[0].numel()
 
 
 @pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 2]], ids=["consecutive", "gathered"])

@@ -77,20 +77,22 @@ class StaticKVPool(KVCache):
     keys: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
     graphs: GraphSet | None = None
-    gather_scratch: torch.Tensor | None = None  # [2, one layer's pool]: see gather_buffers
+    gather_scratch: torch.Tensor | None = None  # [2, n]: see gather_buffers
 
     def gather_buffers(self, rows: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Two ``[rows, kv_heads, key_len, head_dim]`` buffers that a gathered read of one layer's keys
-        and values copies into, reused by every layer and forward (allocated at the first, the size of
-        one layer's keys and values). On a CPU a fresh copy per read was the cost of a gathered
-        forward: allocations of megabytes come from the operating system, zeroed page by page, and
-        slowed the matrix products after them too (16 rows after 350 cached: 29 ms against 10 ms for
-        consecutive slots)."""
-        if self.gather_scratch is None:
-            self.gather_scratch = self.keys[0].new_empty((2, self.keys[0].numel()))
+        and values copies into, reused by every layer and forward. The scratch grows when a read needs
+        more (to twice its size, at most one layer's keys: few regrowths, and never more memory than
+        the largest reads ask for). On a CPU a fresh copy per read was the cost of a gathered forward:
+        allocations of megabytes come from the operating system, zeroed page by page, and slowed the
+        matrix products after them too (16 rows after 350 cached: 29 ms against 10 ms for consecutive
+        slots)."""
         _, heads, _, head_dim = self.keys[0].shape
         shape = (rows, heads, key_len, head_dim)
         size = rows * heads * key_len * head_dim
+        if self.gather_scratch is None or self.gather_scratch.shape[1] < size:
+            held = 0 if self.gather_scratch is None else self.gather_scratch.shape[1]
+            self.gather_scratch = self.keys[0].new_empty((2, max(size, min(2 * held, self.keys[0].numel()))))
         return self.gather_scratch[0, :size].view(shape), self.gather_scratch[1, :size].view(shape)
 
     def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
