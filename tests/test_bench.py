@@ -15,7 +15,7 @@ from specdec.bench.cli import register
 from specdec.bench.hardware import device_bandwidth_gbs, direct_cost_ratio, forward_seconds, parameter_bytes
 from specdec.bench.harness import BenchSettings, groups, run_benchmark
 from specdec.bench.methods import PEERS, MethodSpec, Runner, RunOutput, expand_methods, methods
-from specdec.bench.report import mismatch_warning, to_markdown
+from specdec.bench.report import degenerate_warning, mismatch_warning, repeats_short_run, to_markdown
 from specdec.bench.summary import Calibration, ideal_ratio, metrics_cost_ratio, predicted_speedup
 from specdec.bench.synthetic import RandomTokenPrompts, build_synthetic, random_questions, synthetic_config
 from specdec.bench.workloads import PromptBuilder, Question, load_jsonl, load_spec_bench, load_workload
@@ -263,6 +263,39 @@ def test_units_run_pass_by_pass_and_each_pass_starts_forgotten():
     assert passes == [(0, 1), (0, 1), (0, 2), (0, 2), (1, 1), (1, 1), (1, 2), (1, 2)]
     for runner in runners:
         assert runner.forgotten_after == [1, 4, 7, 10]  # one warm-up call, then 3 calls a pass
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    ([5] * 16, True),  # one token
+    ([9, 9, 9, 9] + [7, 1] * 12, True),  # "#\n#\n...", after a different start
+    ([4, 8, 15, 16, 23, 42, 3, 1] * 6, True),  # one line of 8 tokens, again and again
+    ([4, 8, 15, 16, 23, 42, 3, 1, 2] * 6, False),  # a run of 9 is not short
+    (list(range(40)), False),
+    ([7, 1] * 3, False),  # too short to call it a repeat
+    ([7, 1] * 12 + [5], False),  # broken at the end
+])
+def test_a_short_repeat_is_recognised(tokens, expected):
+    assert repeats_short_run(tokens) is expected
+
+
+class RepeatingRunner(ScriptedRunner):
+    """Answers every prompt with the same two tokens over and over (a degenerate model)."""
+
+    def run(self, prompts, max_tokens, temperature, seed):
+        out = super().run(prompts, max_tokens, temperature, seed)
+        return RunOutput([[7, 1] * (max_tokens // 2) for _ in prompts], out.seconds, out.metrics)
+
+
+def test_degenerate_plain_output_draws_a_warning_in_the_report():
+    settings = BenchSettings(max_tokens=16, warmup=0)
+    runners = [RepeatingRunner(MethodSpec("plain")), RepeatingRunner(MethodSpec("ngram", 2))]
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), settings, progress=False)
+    warning = degenerate_warning(result)
+    assert warning.startswith("WARNING") and "3/3 generations" in warning
+    assert warning in to_markdown(result)
+    healthy = run_benchmark([ScriptedRunner(MethodSpec("plain"))], QUESTIONS, ScriptedPrompts(), settings,
+                            progress=False)
+    assert degenerate_warning(healthy) is None
 
 
 def test_prompts_beyond_the_context_window_are_skipped():

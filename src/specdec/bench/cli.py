@@ -302,6 +302,7 @@ def run_bench(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     from specdec.bench.report import (
+        degenerate_warning,
         mismatch_warning,
         plotting_available,
         tie_notice,
@@ -320,7 +321,7 @@ def run_bench(args: argparse.Namespace) -> int:
     print(to_markdown(result))
     written = write_report(result, args.out, plots=plots)
     print("specdec bench: wrote " + ", ".join(str(path) for path in written.values()), file=sys.stderr)
-    for line in (tie_notice(result), timing_warning(result)):
+    for line in (tie_notice(result), timing_warning(result), degenerate_warning(result)):
         if line:
             print(line, file=sys.stderr)
     warning = mismatch_warning(result)

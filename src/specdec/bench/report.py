@@ -130,6 +130,32 @@ def timing_warning(result: BenchResult) -> str | None:
     )
 
 
+REPEAT_PERIOD = 8  # a generation that repeats a run of at most this many tokens from its first quarter on ...
+DEGENERATE_SHARE = 0.25  # ... in this share of plain decoding's generations or more draws a warning
+
+
+def repeats_short_run(tokens: Sequence[int], max_period: int = REPEAT_PERIOD) -> bool:
+    """Whether ``tokens``, from their first quarter on, repeat one run of at most ``max_period`` tokens
+    (at least four times over): ``#\n#\n#\n...``, one short line again and again, one token."""
+    tail = list(tokens[len(tokens) // 4 :])
+    return any(len(tail) >= 4 * p and tail[p:] == tail[:-p] for p in range(1, max_period + 1))
+
+
+def degenerate_warning(result: BenchResult) -> str | None:
+    """A WARNING when plain decoding's output is a short repeat in ``DEGENERATE_SHARE`` of its generations
+    or more: every drafter predicts a repeat almost perfectly, so such a run overstates every speedup
+    (a wrong chat template once made the code model answer every prompt with ``#\n#\n...``)."""
+    plain = [m.token_ids for m in result.measurements if m.method == REFERENCE]
+    degenerate = sum(repeats_short_run(tokens) for tokens in plain)
+    if not plain or degenerate < DEGENERATE_SHARE * len(plain):
+        return None
+    return (
+        f"WARNING: plain decoding's output repeats a run of at most {REPEAT_PERIOD} tokens in {degenerate}/"
+        f"{len(plain)} generations: drafters predict a repeat almost perfectly, so these speedups overstate "
+        "real text; check the prompts (a chat template, a prompt that invites a loop) or the model"
+    )
+
+
 def _columns(rows: Sequence[SummaryRow]) -> list[tuple[str, Callable[[SummaryRow], str]]]:
     shown = {name for name, value in OPTIONAL_COLUMNS.items() if any(value(r) is not None for r in rows)}
     return [(name, fmt) for name, fmt in COLUMNS if name not in OPTIONAL_COLUMNS or name in shown]
@@ -243,7 +269,7 @@ def to_markdown(result: BenchResult) -> str:
             "",
         ]
     parts += ["## Notes", "", *(f"- {note}" for note in NOTES), ""]
-    for line in (mismatch_warning(result), tie_notice(result), timing_warning(result)):
+    for line in (mismatch_warning(result), tie_notice(result), timing_warning(result), degenerate_warning(result)):
         if line:
             parts += [f"**{line}**", ""]
     return "\n".join(parts)
