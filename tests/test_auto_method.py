@@ -11,7 +11,7 @@ from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair  #
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
-from specdec.drafters.auto import ThroughputBandit, merge_drafts
+from specdec.drafters.auto import ThroughputBandit, common_prefix, merge_drafts
 from specdec.drafters.base import DraftBatch
 from specdec.errors import SpecDecError
 
@@ -172,7 +172,8 @@ def test_auto_method_prefers_the_cheaper_candidate_on_injected_timings(model_dir
     spec = {"method": "auto", "num_speculative_tokens": 3,
             "candidates": [{"method": "ngram"}, {"method": "ngram"}]}
     llm = LLM(dirs["target"], speculative_config=spec, dtype="float64", max_num_seqs=2)
-    llm.engine.drafter.clock = SyntheticClock({"draft0": 1.0, "draft1": 0.01, "target": 0.1})
+    llm.engine.drafter.clock = SyntheticClock({"draft0": 1.0, "draft1": 0.01, "shadow0": 1.0, "shadow1": 0.01,
+                                               "target": 0.1})
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params)
     choices = llm.batch_metrics.drafter_choices
@@ -225,3 +226,31 @@ def test_a_switch_is_held_one_step_and_not_measured(model_dirs):
     drafter.bandit.choose = lambda key, current=None: next(choices)
     assert [drafter._choose("r") for _ in range(4)] == [0, 1, 1, 0]
     assert "r" in drafter.switched  # the last step switched back: the next one is held again
+
+
+@pytest.mark.parametrize(("draft", "emitted", "expected"), [
+    ([4, 5, 6], [4, 5, 9], 2),  # rejected at the third token
+    ([4, 5, 6], [7], 0),
+    ([4, 5], [4, 5, 6], 2),  # the whole draft kept, and the bonus token
+    ([4, 5, 6, 7], [4, 5], 2),  # cut at the emitted tokens: at least 2
+    ([], [3], 0),
+])
+def test_a_shadow_draft_keeps_its_common_prefix_with_the_emitted_tokens(draft, emitted, expected):
+    assert common_prefix(draft, emitted) == expected
+
+
+def test_lookup_candidates_are_measured_on_the_rows_others_draft(model_dirs):
+    """Two identical n-gram candidates, every row forced onto the first: the second is measured on every
+    step through its shadow drafts, with the very tokens the first was credited (its draft is the same, so
+    its common prefix with the emitted tokens is the accepted count), never drafting itself."""
+    dirs = model_dirs["llama"]
+    spec = {"method": "auto", "num_speculative_tokens": 3, "candidates": [{"method": "ngram"}, {"method": "ngram"}]}
+    llm = LLM(dirs["target"], speculative_config=spec, dtype="float64", max_num_seqs=2)
+    drafter = llm.engine.drafter
+    drafter.bandit.choose = lambda key, current=None: 0
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params)
+    assert "ngram#1" not in llm.batch_metrics.drafter_choices
+    drafted, shadowed = drafter.bandit.pool
+    assert drafted.count > 10 and shadowed.count == pytest.approx(drafted.count)
+    assert shadowed.tokens == pytest.approx(drafted.tokens)

@@ -251,6 +251,9 @@ class Drafter(ABC):
     wants_node_argmax: ClassVar[bool] = False
     #: Whether the method can score a reduced vocabulary from its folder's token counts (``draft_vocab_size``).
     draft_vocab: ClassVar[bool] = False
+    #: Whether the method's chain drafts are deterministic and cost microseconds (a lookup): the auto method
+    #: then asks it for a draft on every step, drafted with or not, and scores it against the emitted tokens.
+    shadow_drafts: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -299,6 +302,11 @@ class Drafter(ABC):
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:  # noqa: B027 - most drafters report nothing extra
         """The engine's aggregate metrics, given once by the engine (a drafter may count its own figures there)."""
+
+    def shadow(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """With ``shadow_drafts``: the chain ``propose`` would draft for each row (up to ``ks[b]`` tokens), as
+        host lists, without touching the device."""
+        raise NotImplementedError(f"{type(self).__name__} has no shadow drafts")
 
     def forget(self) -> None:  # noqa: B027 - most drafters learn nothing across requests
         """Forget what earlier requests taught (a benchmark's warm-up must not seed its measurements);

@@ -123,6 +123,7 @@ class NgramDrafter(Drafter):
     method = "ngram"
     description = "n-gram prompt lookup over the prompt and the generated text"
     tree_drafts = True
+    shadow_drafts = True
 
     def __init__(self, max_n: int, min_n: int, device: torch.device, num_candidates: int = 1) -> None:
         self.max_n, self.min_n, self.device = max_n, min_n, device
@@ -159,8 +160,10 @@ class NgramDrafter(Drafter):
             return DraftBatch.from_trees([
                 candidate_tree(self._indexes[s.request_id].candidates(s.token_ids, k, self.num_candidates), k)
                 if k > 0 else ([], []) for s, k in zip(seqs, ks)], self.device)
-        rows = [self._indexes[s.request_id].lookup(s.token_ids, k) if k > 0 else [] for s, k in zip(seqs, ks)]
-        return DraftBatch.from_lists(rows, self.device)
+        return DraftBatch.from_lists(self.shadow(seqs, ks), self.device)
+
+    def shadow(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [self._indexes[s.request_id].lookup(s.token_ids, k) if k > 0 else [] for s, k in zip(seqs, ks)]
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         """Nothing to roll back: an index only ever holds committed tokens."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
-from specdec.drafters.suffix_index import TokenIndex, propose, propose_tree
+from specdec.drafters.suffix_index import Candidate, TokenIndex, propose, propose_tree
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingBatch
@@ -32,6 +32,7 @@ class SuffixDrafter(Drafter):
     method = "suffix"
     description = "suffix cache: continuations of the context's suffix in this and earlier requests"
     tree_drafts = True
+    shadow_drafts = True
 
     def __init__(self, max_tokens: int, factor: float, min_prob: float, device: torch.device,
                  num_candidates: int = 1) -> None:
@@ -70,22 +71,25 @@ class SuffixDrafter(Drafter):
             self._own[s.request_id] = own
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
-        trees = self.num_candidates > 1
-        rows: list = []
+        if self.num_candidates == 1:
+            return DraftBatch.from_lists(self.shadow(seqs, ks), self.device)
+        return DraftBatch.from_trees([propose_tree(found, k, self.factor, self.min_prob, self.num_candidates)
+                                      if k > 0 else ([], []) for found, k in zip(self._found(seqs, ks), ks)],
+                                     self.device)
+
+    def shadow(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [propose(found, k, self.factor, self.min_prob) if k > 0 else []
+                for found, k in zip(self._found(seqs, ks), ks)]
+
+    def _found(self, seqs: list[Sequence], ks: list[int]) -> list[list[Candidate]]:
+        """Each row's continuations (its own index's, then the shared cache's), once its new tokens are indexed."""
+        found = []
         for s, k in zip(seqs, ks):
-            own = self._own[s.request_id]
-            context = s.token_ids
+            own, context = self._own[s.request_id], s.token_ids
             if own.num_tokens < len(context):
                 own.extend(context[own.num_tokens :])
-            if k <= 0:
-                rows.append(([], []) if trees else [])
-                continue
-            found = own.candidates(context, k) + self.shared.candidates(context, k)
-            if trees:
-                rows.append(propose_tree(found, k, self.factor, self.min_prob, self.num_candidates))
-            else:
-                rows.append(propose(found, k, self.factor, self.min_prob))
-        return DraftBatch.from_trees(rows, self.device) if trees else DraftBatch.from_lists(rows, self.device)
+            found.append(own.candidates(context, k) + self.shared.candidates(context, k) if k > 0 else [])
+        return found
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
         """Nothing to roll back: the indexes only ever hold committed tokens."""
