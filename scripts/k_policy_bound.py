@@ -35,6 +35,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost
+from specdec.verify import common_prefix
 
 OUTCOMES = ("first", "none", "all", "zero", "some")  # the previous step's, for the by-outcome policy
 
@@ -90,9 +91,7 @@ def draft_outcomes(prompt: list[int], output: list[int], max_draft: int) -> list
         seq.token_ids = prompt + output[:t]
         draft = drafter.propose([seq], [max_draft], sampling)
         tokens = draft.tokens[0, : draft.num_draft[0]].tolist()
-        matched = (i for i, (d, o) in enumerate(zip(tokens, output[t:])) if d != o)
-        kept = next(matched, min(len(tokens), len(output) - t))
-        rows.append((len(tokens), kept))
+        rows.append((len(tokens), common_prefix(tokens, output[t:])))
     return rows
 
 

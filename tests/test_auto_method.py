@@ -11,9 +11,10 @@ from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair  #
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
-from specdec.drafters.auto import ThroughputBandit, common_prefix, merge_drafts
+from specdec.drafters.auto import ThroughputBandit, merge_drafts
 from specdec.drafters.base import DraftBatch
 from specdec.errors import SpecDecError
+from specdec.verify import common_prefix
 
 PROMPTS = [
     [3, 5, 7, 3, 5, 7, 11, 3, 5],

@@ -20,8 +20,9 @@ from transformers import PreTrainedTokenizerFast
 
 import specdec.verify
 from specdec import LLM, SamplingParams, SpecDecError
-from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter, common_prefix, target_continuation
+from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter, target_continuation
 from specdec.sampling import logits_to_probs
+from specdec.verify import common_prefix
 
 CORPUS = ["def f(x):\n    return x + 1\n", "for i in range(10):\n    print(i)\n", "def g(y):\n    return y * 2\n"]
 PROMPTS = ["def f(x):\n", "for i in range(", "def g(y):\n    return", "    print(i)\n"]

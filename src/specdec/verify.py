@@ -99,6 +99,16 @@ def greedy_accepted(target_tokens: list[int], draft_tokens: list[int], num_draft
     return count
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``norm(max(p - q, 0))`` over the last dimension; falls back to ``p`` where it is all zero."""
     residual = (p - q).clamp_min_(0)

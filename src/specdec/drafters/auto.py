@@ -60,6 +60,7 @@ from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+from specdec.verify import common_prefix
 
 EXPLORATION = 0.05  # probability that a row's step goes to a uniformly random candidate
 SWITCH_MARGIN = 0.05  # a request leaves its candidate for one estimated at least this much faster
@@ -134,11 +135,6 @@ class ThroughputBandit:
         """Drop every measurement (the pool included)."""
         self.pool = [Throughput() for _ in range(self.num_arms)]
         self.requests.clear()
-
-
-def common_prefix(draft: list[int], emitted: list[int]) -> int:
-    """How many leading tokens of ``draft`` equal ``emitted``'s (at most the shorter's length)."""
-    return next((i for i, (d, e) in enumerate(zip(draft, emitted)) if d != e), min(len(draft), len(emitted)))
 
 
 def candidate_labels(configs: list[SpeculativeConfig]) -> list[str]:
@@ -280,8 +276,10 @@ class AutoDrafter(Drafter):
         """Ask each lookup candidate for the chain it would draft on the rows another candidate drafts for."""
         self.shadows, self.shadow_sizes = {}, {}
         for arm, drafter in enumerate(self.candidates):
+            if not drafter.shadow_drafts:
+                continue
             rows = [b for b, a in enumerate(arms) if a not in (-1, arm)]
-            if not drafter.shadow_drafts or not rows:
+            if not rows:
                 continue
             drafts = drafter.shadow([seqs[b] for b in rows], [min(ks[b], self.max_ks[arm]) for b in rows])
             self.clock.lap(f"shadow{arm}")
@@ -319,8 +317,9 @@ class AutoDrafter(Drafter):
             target = times["target"] * (1 + n) / self.fed
             if measured:
                 self.bandit.update(s.request_id, arm, a + 1, times[f"draft{arm}"] / self.group_sizes[arm] + target)
-            emitted = s.token_ids[len(s.token_ids) - a - 1 :]
-            for other, draft in self.shadows.get(s.request_id, ()):
+            shadows = self.shadows.get(s.request_id, ())
+            emitted = s.token_ids[len(s.token_ids) - a - 1 :] if shadows else []
+            for other, draft in shadows:
                 self.bandit.update(s.request_id, other, common_prefix(draft, emitted) + 1,
                                    times[f"shadow{other}"] / self.shadow_sizes[other] + target)
 

@@ -29,21 +29,12 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+from specdec.verify import common_prefix
 
 #: Committed target tokens re-encoded with a proposal: the merges across the boundary are the target's.
 TAIL_TOKENS = 2
 #: Draft tokens decoded before a proposal so that its text starts where the context's ends.
 TEXT_TAIL_TOKENS = 8
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def target_continuation(tokenizer, committed: list[int], text: str, limit: int, vocab_size: int) -> list[int]:
