@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.models.base import ForwardBatch, to_device
+from specdec.models.grid import Grid
 
 MAX_GRAPH_WIDTH = 16
 """Rows feeding more tokens than this (prefills, very long drafts) run eagerly."""
@@ -33,7 +34,7 @@ def _pow2(n: int) -> int:
 
 @dataclass
 class GraphSet:
-    """The captured graphs of one :class:`~specdec.models.fast_llama.StaticKVPool` and their
+    """The captured graphs of one :class:`~specdec.models.kv_pool.StaticKVPool` and their
     static input buffers (``[max_rows * MAX_GRAPH_WIDTH]`` each; ``starts`` and ``real``, 1 for
     a row that holds a sequence of the batch, ``[max_rows]``)."""
 
@@ -97,9 +98,7 @@ def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: lis
     return cell_index
 
 
-def _grid(graphs: GraphSet, rows: int, width: int, key_len: int):
-    from specdec.models.fast_llama import Grid
-
+def _grid(graphs: GraphSet, rows: int, width: int, key_len: int) -> Grid:
     n = rows * width
     return Grid(rows, width, key_len, graphs.ids[:n], graphs.positions[:n].view(rows, width),
                 graphs.write_slot[:n], graphs.write_index[:n], graphs.starts[:rows], None, 0)
