@@ -128,6 +128,7 @@ class DecoderSpec:
     activation: str
     top_k: int = 0
     norm_topk: bool = False
+    float32_route_weights: bool = False
 
 
 def _head_dim(config) -> int:
@@ -203,4 +204,5 @@ def decoder_spec(config) -> DecoderSpec:
         activation=getattr(config, family.activation_field, "silu"),
         top_k=getattr(config, "num_experts_per_tok", 0) if family.router else 0,
         norm_topk=family.router == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),
+        float32_route_weights=family.router == "mixtral",
     )

@@ -85,6 +85,17 @@ def _norm_weight(weight: torch.Tensor | None, offset: bool) -> torch.Tensor | No
     return 1.0 + weight.float()
 
 
+def _find(module: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
+    """``module``'s submodule ``name``, or None when the name is None or the module has no such child
+    (a mixture-of-experts model's dense layers have no experts)."""
+    if name is None:
+        return None
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
+
+
 def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer:
     """A layer's weights through the family's weight map."""
     names, offset = spec.family.weights, spec.family.norm_offset
@@ -104,8 +115,8 @@ def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer
     attn_norm, out_norm, mlp_norm, mlp_out_norm = (norm(n) for n in names.norms)
     o = get(names.o)
     experts = None
-    if names.router is not None and hasattr(layer.mlp, "experts"):
-        bank = get(names.experts)
+    bank = _find(layer, names.experts)
+    if bank is not None:
         experts = (get(names.router).weight, bank.gate_up_proj, bank.down_proj)
         output = (o.weight, o.bias, out_norm, mlp_norm)
     else:
@@ -313,8 +324,7 @@ class FastLlamaLM(CausalLM):
                 x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act)
             else:
                 x, h = self._attention_output(x, attn, *layer.output, eps, offset)
-                x = x + self._experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.family.router == "mixtral",
-                                      act)
+                x = x + self._experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.float32_route_weights, act)
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
