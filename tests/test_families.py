@@ -9,7 +9,8 @@ Gemma 2 and 3, Qwen3-MoE, Mixtral) against transformers' own forward, float64.
   masks, the window applied to the sliding layers only (a dict of masks for families with
   ``layer_types``).
 - Sharpness: the same model with its windows dropped fails the chain comparison.
-- Routed experts: the capturable dense form equals the batched routed form (both routers).
+- Routed experts: the capturable dense form equals the batched routed form (both routers), and a
+  capturable forward of a mixture-of-experts model equals transformers'.
 - ``unsupported_reason`` names what it refuses; ``backend="auto"`` picks the fast backend.
 """
 
@@ -141,6 +142,17 @@ def test_trees_across_the_window_match_transformers(arch):
         torch.testing.assert_close(out.logits[offset : offset + t], ref.logits[0, length:], **tol(arch))
         torch.testing.assert_close(out.hidden[offset : offset + t], hidden, **tol(arch))
         offset += t
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_capturable_forward_of_experts_matches_transformers(arch):
+    """The form a CUDA graph captures (``compute(capturable=True)``: dense experts), run eagerly on a CPU."""
+    model, lm = models(arch)
+    cache = lm.new_cache(2, 32)
+    rows = [[5, 17, 3, 44, 9, 21, 60], [8, 2, 71]]
+    grid, cells = lm.grid(ForwardBatch.from_rows(rows, [0, 0], [0, 1], CPU), cache)
+    logits = lm.head(lm.compute(grid, cache, capturable=True)[0])[cells]
+    torch.testing.assert_close(logits, torch.cat([reference_chain(model, row)[0] for row in rows]), **TOL)
 
 
 @pytest.mark.parametrize("router", ["qwen3_moe", "mixtral"])

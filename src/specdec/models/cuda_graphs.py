@@ -136,7 +136,11 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tu
 
     cell_index = fill()
     grid = _grid(graphs, rows, width, key_len)
-    graph, logits = _captured(graphs, ("forward", *shape), lambda: model.head(model.compute(grid, cache)[0]), fill)
+
+    def body() -> torch.Tensor:
+        return model.head(model.compute(grid, cache, capturable=True)[0])
+
+    graph, logits = _captured(graphs, ("forward", *shape), body, fill)
     graph.replay()
     return logits, cell_index
 
@@ -158,7 +162,7 @@ def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, st
         real = graphs.real[:rows]
         out = []
         for _ in range(steps):
-            token = model.head(model.compute(grid, cache)[0]).argmax(-1)
+            token = model.head(model.compute(grid, cache, capturable=True)[0]).argmax(-1)
             out.append(token)
             grid.ids.copy_(token)
             grid.positions.add_(real[:, None])

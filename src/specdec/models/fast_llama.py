@@ -147,17 +147,17 @@ class FastLlamaLM(CausalLM):
         spec = self.spec = decoder_spec(config)
         # Under CUDA graphs the element-wise work between the matrix products is fused by
         # torch.compile (one compile per function, dynamic shapes): a few kernels per layer
-        # instead of about thirty, which is what a small model's graph replay is made of. The routed
-        # experts take their capturable form there (no host sync).
+        # instead of about thirty, which is what a small model's graph replay is made of.
         self._attention_inputs, self._attention_output_and_mlp = attention_inputs, attention_output_and_mlp
-        self._attention_output, self._experts = attention_output, routed_experts
+        self._attention_output, self._dense_experts = attention_output, dense_experts
         if self.use_cuda_graphs:
             # One compiled function serves every model of the process (a draft and its target
             # differ in width): allow a recompile per model and dtype.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compiled = [torch.compile(f, dynamic=True, fullgraph=True)
                         for f in (attention_inputs, attention_output_and_mlp, attention_output, dense_experts)]
-            self._attention_inputs, self._attention_output_and_mlp, self._attention_output, self._experts = compiled
+            (self._attention_inputs, self._attention_output_and_mlp, self._attention_output,
+             self._dense_experts) = compiled
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.eps, self.scale, self.offset = spec.eps, spec.scale, spec.family.norm_offset
         base = model.model
@@ -284,12 +284,14 @@ class FastLlamaLM(CausalLM):
         return write, read
 
     def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset(),
-                layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None
+                layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None, capturable: bool = False
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The layers over a grid: writes keys and values, returns the last layer's output
         ``[R*T, H]`` (before the final norm) and the hidden states of ``hidden_wanted`` layers.
         ``layers``: the layers run (None: all); ``x`` ``[R, T, H]``: their input (None: the embeddings).
-        Pure device work with static shapes for a given (R, T, K): capturable as a CUDA graph."""
+        Pure device work with static shapes for a given (R, T, K), except routed experts, which read
+        their tokens' choices on the host: ``capturable`` (a CUDA graph's body) computes them in
+        :func:`~.layers.dense_experts`' form instead, with no host sync."""
         rows, width = g.rows, g.width
         spec = self.spec
         nh, nkv, eps, offset, act = self.num_heads, self.num_kv_heads, self.eps, self.offset, spec.activation
@@ -324,7 +326,8 @@ class FastLlamaLM(CausalLM):
                 x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act)
             else:
                 x, h = self._attention_output(x, attn, *layer.output, eps, offset)
-                x = x + self._experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.float32_route_weights, act)
+                experts = self._dense_experts if capturable else routed_experts
+                x = x + experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.float32_route_weights, act)
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
