@@ -49,10 +49,11 @@ def tol(arch):
 
 
 def check_chains(arch, model, lm, tolerance):
-    """Ragged chains after prefixes longer than the window, then one-row steps and greedy chains."""
+    """Ragged chains after prefixes longer than the window (one prefilled as a wide, padded grid), then
+    one-row steps and greedy chains."""
     cache = lm.new_cache(4, 64)
     contexts = {0: ([4, 8, 15, 16, 23, 42, 7, 1, 9], [7]), 2: ([1], [2, 3, 5, 8]),
-                3: ([11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 3, 5, 7], [53, 59])}
+                3: ([11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 3, 5, 7, 2, 4, 6, 8, 10, 12], [53, 59])}
     prefill(lm, cache, {s: prefix for s, (prefix, _) in contexts.items()})
     order = [3, 0, 2]
     batch = ForwardBatch.from_rows([contexts[s][1] for s in order], [len(contexts[s][0]) for s in order], order, CPU)
