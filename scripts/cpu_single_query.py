@@ -26,7 +26,9 @@ from specdec import LLM, SamplingParams
 from specdec.assets import require_default_pair
 from specdec.bench.workloads import PromptBuilder, load_workload
 from specdec.models.base import ForwardBatch
-from specdec.models.fast_llama import FastLlamaLM, StaticKVPool, attend
+from specdec.models.fast_llama import FastLlamaLM
+from specdec.models.kv_pool import StaticKVPool
+from specdec.models.layers import attend
 from specdec.models.loader import load_causal_lm
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

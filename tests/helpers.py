@@ -6,12 +6,26 @@ import copy
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 VOCAB = 96
@@ -32,10 +46,49 @@ ARCHS = {
 }
 
 
+WINDOW = 6
+"""The sliding window of the windowed families below: prompts and generations of the tests cross it."""
+
+_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": CONTEXT, "eos_token_id": None, "bos_token_id": None, "pad_token_id": None}
+
+
+def _gemma_types(layers: int) -> list[str]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+FAMILY_ARCHS = {
+    "qwen3": lambda vocab, layers: Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=vocab, num_hidden_layers=layers, head_dim=8, **_SHAPE)),
+    "mistral": lambda vocab, layers: MistralForCausalLM(MistralConfig(
+        vocab_size=vocab, num_hidden_layers=layers, sliding_window=WINDOW, **_SHAPE)),
+    "qwen2-window": lambda vocab, layers: Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab, num_hidden_layers=layers, use_sliding_window=True, sliding_window=WINDOW,
+        max_window_layers=1, **_SHAPE)),
+    "phi3": lambda vocab, layers: Phi3ForCausalLM(Phi3Config(
+        vocab_size=vocab, num_hidden_layers=layers, sliding_window=WINDOW + 3,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **_SHAPE)),
+    "gemma2": lambda vocab, layers: Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=vocab, num_hidden_layers=layers, head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW,
+        layer_types=_gemma_types(layers), attn_logit_softcapping=1.5, final_logit_softcapping=4.0, **_SHAPE)),
+    "gemma3_text": lambda vocab, layers: Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=vocab, num_hidden_layers=layers, head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW,
+        layer_types=_gemma_types(layers), **_SHAPE)),
+    "qwen3_moe": lambda vocab, layers: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=vocab, num_hidden_layers=layers, head_dim=8, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[1], **_SHAPE)),
+    "mixtral": lambda vocab, layers: MixtralForCausalLM(MixtralConfig(
+        vocab_size=vocab, num_hidden_layers=layers, num_local_experts=4, num_experts_per_tok=2, **_SHAPE)),
+}
+"""Tiny models of the fast backend's further families (their own tests: the suites over ``ARCHS`` stay as
+they were). The windowed ones (mistral, qwen2-window, phi3, gemma2, gemma3_text) slide over a window
+of a few tokens."""
+
+
 def build_model(arch: str, seed: int, vocab: int = VOCAB, layers: int = 3, scale: float = 1.0):
     """A float64 random model; ``scale`` multiplies every weight (sharper distributions)."""
     torch.manual_seed(seed)
-    model = ARCHS[arch](vocab, layers).to(torch.float64).eval()
+    model = {**ARCHS, **FAMILY_ARCHS}[arch](vocab, layers).to(torch.float64).eval()
     if scale != 1.0:
         with torch.no_grad():
             for param in model.parameters():

@@ -7,7 +7,7 @@ import torch
 from helpers import build_model
 
 from specdec.models.base import ForwardBatch
-from specdec.models.fast_llama import attend
+from specdec.models.layers import attend
 from specdec.models.loader import load_causal_lm
 
 CPU = torch.device("cpu")

@@ -14,7 +14,8 @@ from helpers import CONTEXT, VOCAB
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
-from specdec.models.fast_llama import WIDE_TOKENS, FastLlamaLM, wide_bucket
+from specdec.models.fast_llama import FastLlamaLM
+from specdec.models.grid import WIDE_TOKENS, wide_bucket
 
 
 def test_wide_bucket_is_a_few_widths_covering_every_length():

@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 
 import specdec.verify
 from specdec import SpecDecError
-from specdec.models.fast_llama import StaticKVPool
+from specdec.models.kv_pool import StaticKVPool
 from specdec.tree import (
     DynamicTree,
     StaticTree,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.models.base import ForwardBatch, to_device
+from specdec.models.grid import Grid
 
 MAX_GRAPH_WIDTH = 16
 """Rows feeding more tokens than this (prefills, very long drafts) run eagerly."""
@@ -33,7 +34,7 @@ def _pow2(n: int) -> int:
 
 @dataclass
 class GraphSet:
-    """The captured graphs of one :class:`~specdec.models.fast_llama.StaticKVPool` and their
+    """The captured graphs of one :class:`~specdec.models.kv_pool.StaticKVPool` and their
     static input buffers (``[max_rows * MAX_GRAPH_WIDTH]`` each; ``starts`` and ``real``, 1 for
     a row that holds a sequence of the batch, ``[max_rows]``)."""
 
@@ -97,9 +98,7 @@ def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: lis
     return cell_index
 
 
-def _grid(graphs: GraphSet, rows: int, width: int, key_len: int):
-    from specdec.models.fast_llama import Grid
-
+def _grid(graphs: GraphSet, rows: int, width: int, key_len: int) -> Grid:
     n = rows * width
     return Grid(rows, width, key_len, graphs.ids[:n], graphs.positions[:n].view(rows, width),
                 graphs.write_slot[:n], graphs.write_index[:n], graphs.starts[:rows], None, 0)
@@ -137,7 +136,11 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tu
 
     cell_index = fill()
     grid = _grid(graphs, rows, width, key_len)
-    graph, logits = _captured(graphs, ("forward", *shape), lambda: model.head(model.compute(grid, cache)[0]), fill)
+
+    def body() -> torch.Tensor:
+        return model.head(model.compute(grid, cache, capturable=True)[0])
+
+    graph, logits = _captured(graphs, ("forward", *shape), body, fill)
     graph.replay()
     return logits, cell_index
 
@@ -159,7 +162,7 @@ def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, st
         real = graphs.real[:rows]
         out = []
         for _ in range(steps):
-            token = model.head(model.compute(grid, cache)[0]).argmax(-1)
+            token = model.head(model.compute(grid, cache, capturable=True)[0]).argmax(-1)
             out.append(token)
             grid.ids.copy_(token)
             grid.positions.add_(real[:, None])

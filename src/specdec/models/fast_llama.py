@@ -1,22 +1,24 @@
-"""A fast backend for the Llama family (Llama, Qwen2, Mistral without a sliding window).
+"""The fast backend: one decoder for every family of :mod:`.families` (Llama, Qwen2/3, Mistral, Phi-3,
+Gemma 2/3, Qwen3-MoE, Mixtral).
 
-It reads the weights of a loaded transformers model (no forked modeling file, no copy of
-the weights beyond fusing q/k/v and gate/up projections) and runs the same arithmetic as
-transformers' eager forward with far fewer Python calls per layer, over a preallocated
-:class:`StaticKVPool`: rollback only moves a slot's length, as in gpt-fast.
+It reads the weights of a loaded transformers model through the family's weight map (no forked
+modeling file, no copy of the weights beyond fusing split q/k/v and gate/up projections) and runs
+the same arithmetic as transformers' eager forward (:mod:`.layers`) with far fewer Python calls per
+layer, over a preallocated :class:`~.kv_pool.StaticKVPool`: rollback only moves a slot's length, as
+in gpt-fast.
 
 The ragged batch of :class:`~specdec.models.base.ForwardBatch` is laid out as a padded
-``[R, T]`` :class:`Grid` (``T`` the longest row) for the matrix work; padding cells are
-computed but write only to a scratch column of the cache and are never returned. On CUDA,
-chain forwards of up to 16 tokens per row replay captured graphs (:mod:`.cuda_graphs`)
-unless the model was loaded with ``enforce_eager``; attention always spans a bucketed cache
-length with a mask, so its cost and plan do not follow every new length. On a CPU, a bfloat16
-forward of one token per row attends each query as a pair (:data:`PAIR_SINGLE_QUERIES`).
+``[R, T]`` :class:`~.grid.Grid` (``T`` the longest row) for the matrix work. On CUDA, chain forwards
+of up to 16 tokens per row replay captured graphs (:mod:`.cuda_graphs`) unless the model was loaded
+with ``enforce_eager``; attention always spans a bucketed cache length with a mask, so its cost and
+plan do not follow every new length (a windowed layer too: its window is a mask over that span).
+On a CPU, a bfloat16 forward of one token per row attends each query as a pair
+(:data:`PAIR_SINGLE_QUERIES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,33 +26,23 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdec.argmax import argmax
-from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
+from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
+from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, tree_mask, wide_bucket
 from specdec.models.hf import context_window
+from specdec.models.kv_pool import StaticKVPool
+from specdec.models.layers import (
+    attend,
+    attention_inputs,
+    attention_output,
+    attention_output_and_mlp,
+    dense_experts,
+    rms_norm,
+    routed_experts,
+)
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
-
-
-def unsupported_reason(config) -> str | None:
-    """Why the fast backend cannot run this config, or None if it can."""
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r} is not silu"
-    if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
-        return "sliding-window attention is not supported"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") in ("dynamic", "longrope"):
-        return f"rope type {rope['rope_type']!r} depends on the sequence length"
-    return None
-
-
-WIDE_TOKENS = 16
-"""On a CPU, a chain forward whose longest row feeds more than this many tokens (a prefill) is
-padded to :func:`wide_bucket` tokens per row, and attends to a bucketed cache length: oneDNN's
-half-precision matrix and attention kernels keep state for every shape they see (about 0.5 MB
-each), so exact prompt lengths would grow resident memory with every new length."""
-
+__all__ = ["FastLlamaLM", "unsupported_reason"]
 
 PAIR_SINGLE_QUERIES = (torch.bfloat16,)
 """Model dtypes whose one-token-per-row attention a CPU computes for two copies of each query. torch's CPU
@@ -60,154 +52,84 @@ and 2.6-4x slower at every shape tried; in float32 and float64 one query is the 
 are as slow. So a plain decoding step, and a draft model's every step, attend a query pair there."""
 
 
-def wide_bucket(n: int) -> int:
-    """The smallest of 16, 24, 32, 48, 64, 96, ... (two per octave) that is >= ``n``."""
-    if n <= WIDE_TOKENS:
-        return WIDE_TOKENS
-    power = 1 << (n - 1).bit_length()
-    return power * 3 // 4 if power * 3 // 4 >= n else power
-
-
-@dataclass
-class StaticKVPool(KVCache):
-    """Keys and values per layer, ``[num_slots, kv_heads, capacity + 1, head_dim]`` (the last
-    column is scratch for padding cells), zero-filled once (never garbage: masked-out entries
-    must stay finite for the attention kernels); ``graphs``: the CUDA graphs captured over it."""
-
-    keys: list[torch.Tensor] | None = None
-    values: list[torch.Tensor] | None = None
-    graphs: GraphSet | None = None
-    gather_scratch: torch.Tensor | None = None  # [2, n]: see gather_buffers
-
-    def gather_buffers(self, rows: int, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two ``[rows, kv_heads, key_len, head_dim]`` buffers that a gathered read of one layer's keys
-        and values copies into, reused by every layer and forward. The scratch grows when a read needs
-        more (to twice its size, at most one layer's keys: few regrowths, and never more memory than
-        the largest reads ask for). On a CPU a fresh copy per read was the cost of a gathered forward:
-        allocations of megabytes come from the operating system, zeroed page by page, and slowed the
-        matrix products after them too (16 rows after 350 cached: 29 ms against 10 ms for consecutive
-        slots)."""
-        _, heads, _, head_dim = self.keys[0].shape
-        shape = (rows, heads, key_len, head_dim)
-        size = rows * heads * key_len * head_dim
-        if self.gather_scratch is None or self.gather_scratch.shape[1] < size:
-            held = 0 if self.gather_scratch is None else self.gather_scratch.shape[1]
-            self.gather_scratch = self.keys[0].new_empty((2, max(size, min(2 * held, self.keys[0].numel()))))
-        return self.gather_scratch[0, :size].view(shape), self.gather_scratch[1, :size].view(shape)
-
-    def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
-        if not slots:
-            return
-        device = self.keys[0].device
-        index = to_device([list(slots), list(sources), list(targets)], device)
-        for pool in (*self.keys, *self.values):
-            pool[index[0], :, index[2]] = pool[index[0], :, index[1]]  # the gather copies before the write
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic: statistics in float32, then the weight in the model dtype. (The
-    layer functions call torch's operators directly, not their Python wrappers in
-    ``torch.nn.functional``/``Tensor``: on a CPU a small model's step is bound by per-call cost.)"""
-    if x.dtype == torch.float32:
-        return torch.rms_norm(x, weight.shape, weight, eps)
-    return weight * torch.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
-
-
-def attention_inputs(
-    x: torch.Tensor, norm: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
-    cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int, num_kv_heads: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Norm, fused q/k/v projection and rotary embedding of ``x`` ``[R, T, H]``: returns ``q``
-    ``[R, heads, T, head_dim]`` and the new keys and values ``[R, kv_heads, T, head_dim]``."""
-    rows, width = x.shape[:2]
-    head_dim = cos.shape[-1]
-    qkv = F.linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
-    qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split_with_sizes(
-        (num_heads + num_kv_heads, num_kv_heads), dim=1)
-    # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]
-    qk = qk * cos + qk.roll(head_dim // 2, dims=-1) * sin
-    q, k = qk.split_with_sizes((num_heads, num_kv_heads), dim=1)
-    return q, k, v
-
-
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           gqa: bool, pair: bool) -> torch.Tensor:
-    """Scaled dot-product attention of ``q`` ``[R, heads, T, head_dim]`` over ``keys`` and ``values``
-    ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` or None). ``pair`` (``T = 1`` only): the
-    query is attended as two copies of itself and the first answer kept, see :data:`PAIR_SINGLE_QUERIES`."""
-    if pair:
-        q = torch.cat([q, q], dim=2)
-        mask = None if mask is None else mask.expand(-1, -1, 2, -1)
-    attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return attn[:, :, :1] if pair else attn
-
-
-def attention_output_and_mlp(
-    x: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None, norm: torch.Tensor,
-    gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor,
-    down_bias: torch.Tensor | None, eps: float,
-) -> torch.Tensor:
-    """The rest of a decoder layer: output projection and residual, norm, SwiGLU MLP and residual.
-    ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``."""
-    rows, width = x.shape[:2]
-    x = x + F.linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
-    gate, up = F.linear(rms_norm(x, norm, eps), gate_up_weight, gate_up_bias).chunk(2, -1)
-    return x + F.linear(F.silu(gate) * up, down_weight, down_bias)
-
-
 @dataclass
 class _Layer:
-    input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_weight: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down_weight: torch.Tensor
-    down_bias: torch.Tensor | None
+    """One decoder layer's weights by role, as the :mod:`.layers` functions take them: ``attention``
+    the arguments of ``attention_inputs`` before ``cos``; ``output`` those of ``attention_output_and_mlp``
+    (dense) or ``attention_output`` (routed) after ``attn``; ``experts`` (router, gate_up, down) or None;
+    ``window`` and ``rope``: the layer's sliding window and rotary table (keys of ``FastLlamaLM.rope``)."""
+
+    attention: tuple
+    output: tuple
+    experts: tuple | None
+    window: int | None
+    rope: str | None
 
 
-def _cat_bias(*modules: torch.nn.Linear) -> torch.Tensor | None:
+def _linear(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of one projection, or of split projections concatenated (a bias of zeros
+    for a part without one; None when no part has one)."""
+    if len(modules) == 1:
+        return modules[0].weight, modules[0].bias
+    weight = torch.cat([m.weight for m in modules])
     if all(m.bias is None for m in modules):
+        return weight, None
+    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                              for m in modules])
+
+
+def _norm_weight(weight: torch.Tensor | None, offset: bool) -> torch.Tensor | None:
+    """A norm's weight as :func:`~.layers.rms_norm` takes it: ``1 + w`` in float32 with ``offset``."""
+    if weight is None or not offset:
+        return weight
+    return 1.0 + weight.float()
+
+
+def _find(module: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
+    """``module``'s submodule ``name``, or None when the name is None or the module has no such child
+    (a mixture-of-experts model's dense layers have no experts)."""
+    if name is None:
         return None
-    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
 
 
-@dataclass
-class Grid:
-    """The padded ``[R, T]`` grid one forward computes, as device tensors.
+def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer:
+    """A layer's weights through the family's weight map."""
+    names, offset = spec.family.weights, spec.family.norm_offset
 
-    ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_slot`` and
-    ``write_index`` ``[R*T]``: the cache cell of each grid cell (padding cells write to their
-    slot's scratch column, index ``capacity``, which is never attended), ``starts`` ``[R]``: the
-    cached length of each row before the forward (None with ``write_range``, which holds it).
-    ``key_len`` ``K``: cache entries attended to; ``mask`` ``[R, 1, T, K]`` or None (then the
-    causal chain mask is derived from ``starts``; with ``R = T = 1`` and ``K`` exact no mask is
-    needed). ``first_slot``: rows are slots ``first_slot .. first_slot+R-1`` (the pool is sliced),
-    or None (gathered by ``slots`` ``[R]``). ``write_range``: ``(slot, start)`` when one row writes
-    all its cells to consecutive entries (a plain slice assignment, cheaper on a CPU than the
-    indexed write; ``write_slot`` and ``write_index`` are then None), else None.
-    """
+    def get(name: str | None) -> torch.nn.Module | None:
+        return None if name is None else layer.get_submodule(name)
 
-    rows: int
-    width: int
-    key_len: int
-    ids: torch.Tensor
-    positions: torch.Tensor
-    write_slot: torch.Tensor | None
-    write_index: torch.Tensor | None
-    starts: torch.Tensor | None
-    slots: torch.Tensor | None
-    first_slot: int | None
-    mask: torch.Tensor | None = None
-    needs_mask: bool = True
-    write_range: tuple[int, int] | None = None
+    def norm(name: str | None) -> torch.Tensor | None:
+        return None if name is None else _norm_weight(get(name).weight, offset)
+
+    qkv_weight, qkv_bias = _linear([get(n) for n in names.qkv])
+    qk_norm = None
+    if names.q_norm is not None:  # one weight row per head: [heads + kv_heads, 1, head_dim]
+        q, k = get(names.q_norm).weight, get(names.k_norm).weight
+        qk_norm = _norm_weight(torch.cat([q.expand(spec.num_heads, -1), k.expand(spec.num_kv_heads, -1)])[:, None],
+                               offset)
+    attn_norm, out_norm, mlp_norm, mlp_out_norm = (norm(n) for n in names.norms)
+    o = get(names.o)
+    experts = None
+    bank = _find(layer, names.experts)
+    if bank is not None:
+        experts = (get(names.router).weight, bank.gate_up_proj, bank.down_proj)
+        output = (o.weight, o.bias, out_norm, mlp_norm)
+    else:
+        gate_up_weight, gate_up_bias = _linear([get(n) for n in names.gate_up])
+        down = get(names.down)
+        output = (o.weight, o.bias, out_norm, mlp_norm, gate_up_weight, gate_up_bias, down.weight, down.bias,
+                  mlp_out_norm)
+    return _Layer((attn_norm, qkv_weight, qkv_bias, qk_norm), output, experts, spec.windows[index],
+                  spec.rope_types[index])
 
 
 class FastLlamaLM(CausalLM):
-    """Batched static-pool forward for ``LlamaForCausalLM``-shaped weights."""
+    """Batched static-pool forward of a decoder of any family of :mod:`.families`."""
 
     supports_tree_mask = True
     supports_layer_subsets = True
@@ -222,60 +144,43 @@ class FastLlamaLM(CausalLM):
         self.max_length = context_window(config)
         self.use_cuda_graphs = use_cuda_graphs and self.device.type == "cuda"
         self.pair_single_queries = self.device.type == "cpu" and self.dtype in PAIR_SINGLE_QUERIES
+        spec = self.spec = decoder_spec(config)
         # Under CUDA graphs the element-wise work between the matrix products is fused by
         # torch.compile (one compile per function, dynamic shapes): a few kernels per layer
         # instead of about thirty, which is what a small model's graph replay is made of.
         self._attention_inputs, self._attention_output_and_mlp = attention_inputs, attention_output_and_mlp
+        self._attention_output, self._dense_experts = attention_output, dense_experts
         if self.use_cuda_graphs:
             # One compiled function serves every model of the process (a draft and its target
             # differ in width): allow a recompile per model and dtype.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._attention_inputs = torch.compile(attention_inputs, dynamic=True, fullgraph=True)
-            self._attention_output_and_mlp = torch.compile(attention_output_and_mlp, dynamic=True, fullgraph=True)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.eps = config.rms_norm_eps
-        self.scale = self.head_dim**-0.5
+            compiled = [torch.compile(f, dynamic=True, fullgraph=True)
+                        for f in (attention_inputs, attention_output_and_mlp, attention_output, dense_experts)]
+            (self._attention_inputs, self._attention_output_and_mlp, self._attention_output,
+             self._dense_experts) = compiled
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.eps, self.scale, self.offset = spec.eps, spec.scale, spec.family.norm_offset
         base = model.model
         self.embed = base.embed_tokens.weight
-        self.final_norm = base.norm.weight
+        # Gemma scales the embeddings by sqrt(hidden) rounded to float32, then to the model dtype.
+        self.embed_scale = (torch.tensor(config.hidden_size**0.5).to(device=self.device, dtype=self.dtype)
+                            if spec.family.embed_scale else None)
+        self.final_norm = _norm_weight(base.norm.weight, self.offset)
         self.lm_head = model.lm_head.weight
         self.vocab_size = self.lm_head.shape[0]
-        self.layers = []
-        for layer in base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(
-                _Layer(
-                    input_norm=layer.input_layernorm.weight,
-                    qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                    qkv_bias=_cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
-                    o_weight=attn.o_proj.weight,
-                    o_bias=attn.o_proj.bias,
-                    post_norm=layer.post_attention_layernorm.weight,
-                    gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                    gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
-                    down_weight=mlp.down_proj.weight,
-                    down_bias=mlp.down_proj.bias,
-                )
-            )
+        self.layers = [_read_layer(layer, spec, i) for i, layer in enumerate(base.layers)]
         self.num_layers = len(self.layers)
-        # Each layer's tensors in the argument order of the two per-layer functions.
-        self._layer_args = [
-            ((layer.input_norm, layer.qkv_weight, layer.qkv_bias),
-             (layer.o_weight, layer.o_bias, layer.post_norm, layer.gate_up_weight, layer.gate_up_bias,
-              layer.down_weight, layer.down_bias))
-            for layer in self.layers
-        ]
-        # cos/sin for every position, computed once by the model's own rotary module.
+        # cos/sin for every position, computed once by the model's own rotary module (per layer type
+        # where the family's rotary differs by layer type).
+        self.rope = {}
         with torch.no_grad():
             positions = torch.arange(self.max_length, device=self.device)[None]
             probe = torch.empty(0, device=self.device, dtype=self.dtype)
-            cos, sin = base.rotary_emb(probe, positions)
-        # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]: one roll instead of slices and a cat.
-        half = self.head_dim // 2
-        self.cos = cos[0]
-        self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+            for kind in sorted({layer.rope for layer in self.layers}, key=str):
+                cos, sin = base.rotary_emb(probe, positions, *([] if kind is None else [kind]))
+                # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]: one roll instead of slices and a cat.
+                half = cos.shape[-1] // 2
+                self.rope[kind] = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
 
     def new_cache(self, num_slots: int, capacity: int) -> StaticKVPool:
         # One scratch column past ``capacity`` takes the writes of padding cells.
@@ -330,7 +235,7 @@ class FastLlamaLM(CausalLM):
                  needs_mask=not (single and key_len == needed),
                  write_range=None)
         if batch.tree_mask is not None:
-            g.mask = self._tree_mask(batch.tree_mask, cell_index, g)
+            g.mask, g.key_positions = tree_mask(batch.tree_mask, cell_index, g)
         return g, cell_index
 
     def _single_row_grid(self, batch: ForwardBatch, start: int, cache: StaticKVPool) -> tuple[Grid, None]:
@@ -342,23 +247,6 @@ class FastLlamaLM(CausalLM):
         g = Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, None, None, slot,
                  needs_mask=not (width == 1 and key_len == needed), write_range=(slot, start))
         return g, None
-
-    def _tree_mask(self, tree_mask: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> torch.Tensor:
-        """``[R, 1, T, K]``: the committed context, plus the new tokens the tree lets each token see."""
-        rows, width = g.rows, g.width
-        tree = tree_mask.new_zeros(rows * width, width)
-        tree[:, 0] = True  # padding cells see something (their output is never used)
-        tree[cell_index] = tree_mask[:, :width]  # real cells see exactly their tree (new token 0 too)
-        rel = torch.arange(g.key_len, device=self.device)[None, None, :] - g.starts[:, None, None]
-        inside = (rel >= 0) & (rel < width)
-        bits = tree.view(rows, width, width).gather(2, rel.clamp(0, width - 1).expand(rows, width, -1))
-        return ((rel < 0) | (inside & bits))[:, None]
-
-    def _chain_mask(self, g: Grid) -> torch.Tensor:
-        key = torch.arange(g.key_len, device=self.device)[None, None, :]
-        query = torch.arange(g.width, device=self.device)[None, :, None]
-        starts = g.write_range[1] if g.starts is None else g.starts[:, None, None]
-        return (key <= starts + query)[:, None]
 
     @staticmethod
     def _cache_access(g: Grid, cache: StaticKVPool) -> tuple[Callable, Callable]:
@@ -396,43 +284,64 @@ class FastLlamaLM(CausalLM):
         return write, read
 
     def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset(),
-                layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None
+                layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None, capturable: bool = False
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The layers over a grid: writes keys and values, returns the last layer's output
         ``[R*T, H]`` (before the final norm) and the hidden states of ``hidden_wanted`` layers.
         ``layers``: the layers run (None: all); ``x`` ``[R, T, H]``: their input (None: the embeddings).
-        Pure device work with static shapes for a given (R, T, K): capturable as a CUDA graph."""
+        Pure device work with static shapes for a given (R, T, K), except routed experts, which read
+        their tokens' choices on the host: ``capturable`` (a CUDA graph's body) computes them in
+        :func:`~.layers.dense_experts`' form instead, with no host sync."""
         rows, width = g.rows, g.width
-        nh, nkv = self.num_heads, self.num_kv_heads
-        if g.write_range is not None and g.mask is None:  # one chain row: positions are start, start+1, ...
-            start = g.write_range[1]
-            cos, sin = self.cos[start : start + width], self.sin_signed[start : start + width]
-        else:
-            cos, sin = self.cos[g.positions][:, None], self.sin_signed[g.positions][:, None]
-        mask = g.mask if g.mask is not None or not g.needs_mask else self._chain_mask(g)
+        spec = self.spec
+        nh, nkv, eps, offset, act = self.num_heads, self.num_kv_heads, self.eps, self.offset, spec.activation
+        run = range(self.num_layers) if layers is None else layers
+        ropes = {}
+        for kind in {self.layers[i].rope for i in run}:
+            cos, sin = self.rope[kind]
+            if g.write_range is not None and g.mask is None:  # one chain row: positions are start, start+1, ...
+                start = g.write_range[1]
+                ropes[kind] = cos[start : start + width], sin[start : start + width]
+            else:
+                ropes[kind] = cos[g.positions][:, None], sin[g.positions][:, None]
+        views = {window: attention_view(g, window) for window in {self.layers[i].window for i in run}}
         if x is None:
             x = F.embedding(g.ids, self.embed).view(rows, width, -1)
+            if self.embed_scale is not None:
+                x = x * self.embed_scale
         hidden = {0: x} if 0 in hidden_wanted else {}
         write, read = self._cache_access(g, cache)
         gqa = nkv != nh
-        eps = self.eps
         pair = width == 1 and self.pair_single_queries
-        for i in range(len(self._layer_args)) if layers is None else layers:
-            attention_args, mlp_args = self._layer_args[i]
-            q, k, v = self._attention_inputs(x, *attention_args, cos, sin, eps, nh, nkv)
+        for i in run:
+            layer = self.layers[i]
+            q, k, v = self._attention_inputs(x, *layer.attention, *ropes[layer.rope], eps, nh, nkv, offset)
             keys, values = cache.keys[i], cache.values[i]
             write(keys, k)
             write(values, v)
-            attn = attend(q, read(keys, 0), read(values, 1), mask, self.scale, gqa, pair)
-            x = self._attention_output_and_mlp(x, attn, *mlp_args, eps)
+            mask, first = views[layer.window]
+            attn = attend(q, read(keys, 0)[:, :, first:], read(values, 1)[:, :, first:], mask, self.scale, gqa, pair,
+                          spec.attn_softcap)
+            if layer.experts is None:
+                x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act)
+            else:
+                x, h = self._attention_output(x, attn, *layer.output, eps, offset)
+                experts = self._dense_experts if capturable else routed_experts
+                x = x + experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.float32_route_weights, act)
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
 
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the last layer's output ``[M, H]``."""
+        return rms_norm(x, self.final_norm, self.eps, self.offset)
+
     def head(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final norm and output head: ``[M, H]`` -> logits ``[M, V]`` (``[M, V']`` scored with ``rows``
-        ``[V', H]`` of the head instead of all of it)."""
-        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head if rows is None else rows)
+        ``[V', H]`` of the head instead of all of it), soft-capped where the family caps its logits."""
+        logits = F.linear(self.final_hidden(x), self.lm_head if rows is None else rows)
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
     def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int,
@@ -498,7 +407,7 @@ class FastLlamaLM(CausalLM):
             return ForwardOutput(x.new_empty(0, self.vocab_size))
         out_hidden = None
         if wanted_layers:
-            normed = rms_norm(last, self.final_norm, self.eps)
+            normed = self.final_hidden(last)
             out_hidden = torch.stack(
                 [normed if i == final else hidden[i].reshape(g.rows * g.width, -1)[wanted] for i in wanted_layers],
                 dim=1,

@@ -124,9 +124,9 @@ def load_causal_lm(
 ) -> CausalLM:
     """Load a model and wrap it in a backend.
 
-    ``backend``: ``"fast"`` (static-pool Llama/Qwen2/Mistral forward; an error for other
-    architectures), ``"hf"`` (transformers' own forward with a cropped ``DynamicCache``), or
-    ``"auto"`` (fast where supported, else hf). ``enforce_eager``: no CUDA graphs (the fast
+    ``backend``: ``"fast"`` (static-pool forward of the families in :mod:`specdec.models.families`;
+    an error for other architectures), ``"hf"`` (transformers' own forward with a cropped
+    ``DynamicCache``), or ``"auto"`` (fast where supported, else hf). ``enforce_eager``: no CUDA graphs (the fast
     backend captures them on CUDA by default).
     """
     if backend not in BACKENDS:

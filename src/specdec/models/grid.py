@@ -1,0 +1,108 @@
+"""The padded grid one fast forward computes, and the attention masks over it.
+
+A ragged :class:`~specdec.models.base.ForwardBatch` is laid out as ``[R, T]`` cells (``T`` the
+longest row) for the matrix work; padding cells are computed but write only to a scratch column of
+the cache and are never returned. Attention reads ``K`` cache entries of each row's slot; the mask of
+a layer says which of them each cell sees: the causal chain or the row's tree, intersected with the
+layer's sliding window (keys at positions ``p - window + 1 .. p`` for a query at position ``p``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+WIDE_TOKENS = 16
+"""On a CPU, a chain forward whose longest row feeds more than this many tokens (a prefill) is
+padded to :func:`wide_bucket` tokens per row, and attends to a bucketed cache length: oneDNN's
+half-precision matrix and attention kernels keep state for every shape they see (about 0.5 MB
+each), so exact prompt lengths would grow resident memory with every new length."""
+
+
+def wide_bucket(n: int) -> int:
+    """The smallest of 16, 24, 32, 48, 64, 96, ... (two per octave) that is >= ``n``."""
+    if n <= WIDE_TOKENS:
+        return WIDE_TOKENS
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= n else power
+
+
+@dataclass
+class Grid:
+    """The padded ``[R, T]`` grid one forward computes, as device tensors.
+
+    ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_slot`` and
+    ``write_index`` ``[R*T]``: the cache cell of each grid cell (padding cells write to their
+    slot's scratch column, index ``capacity``, which is never attended), ``starts`` ``[R]``: the
+    cached length of each row before the forward (None with ``write_range``, which holds it).
+    ``key_len`` ``K``: cache entries attended to; ``mask`` ``[R, 1, T, K]`` or None (then the
+    causal chain mask is derived from ``starts``; with ``R = T = 1`` and ``K`` exact no mask is
+    needed: ``needs_mask`` False). ``key_positions`` ``[R, K]``: with a tree ``mask``, the position
+    of every attended entry (windows compare positions). ``first_slot``: rows are slots
+    ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
+    ``write_range``: ``(slot, start)`` when one row writes all its cells to consecutive entries (a
+    plain slice assignment, cheaper on a CPU than the indexed write; ``write_slot`` and
+    ``write_index`` are then None), else None.
+    """
+
+    rows: int
+    width: int
+    key_len: int
+    ids: torch.Tensor
+    positions: torch.Tensor | None
+    write_slot: torch.Tensor | None
+    write_index: torch.Tensor | None
+    starts: torch.Tensor | None
+    slots: torch.Tensor | None
+    first_slot: int | None
+    mask: torch.Tensor | None = None
+    needs_mask: bool = True
+    write_range: tuple[int, int] | None = None
+    key_positions: torch.Tensor | None = field(default=None)
+
+
+def tree_mask(tree: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree forward's mask ``[R, 1, T, K]``: the committed context, plus the new tokens ``tree``
+    ``[N, T_max]`` lets each token see; and the position of every attended entry ``[R, K]`` (a
+    committed entry's index, a new token's tree position)."""
+    rows, width = g.rows, g.width
+    device = tree.device
+    bits = tree.new_zeros(rows * width, width)
+    bits[:, 0] = True  # padding cells see something (their output is never used)
+    bits[cell_index] = tree[:, :width]  # real cells see exactly their tree (new token 0 too)
+    key = torch.arange(g.key_len, device=device)
+    rel = key[None, :] - g.starts[:, None]  # [R, K]
+    inside = (rel >= 0) & (rel < width)
+    column = rel.clamp(0, width - 1)
+    seen = bits.view(rows, width, width).gather(2, column[:, None, :].expand(rows, width, -1))
+    key_positions = torch.where(inside, g.positions.gather(1, column), key[None, :])
+    return ((rel < 0)[:, None, :] | (inside[:, None, :] & seen))[:, None], key_positions
+
+
+def chain_mask(g: Grid, window: int | None) -> torch.Tensor:
+    """``[R, 1, T, K]``: cell ``t`` of a chain row starting at ``s`` sees entries ``<= s + t``, and with a
+    ``window`` only those ``> s + t - window``. (A padding cell's window is clamped so that it sees the
+    last attended entry: a cell that sees nothing would give NaN.)"""
+    device = g.ids.device
+    key = torch.arange(g.key_len, device=device)[None, None, :]
+    query = torch.arange(g.width, device=device)[None, :, None]
+    starts = g.write_range[1] if g.starts is None else g.starts[:, None, None]
+    mask = key <= starts + query
+    if window is not None:
+        mask = mask & (key > (starts + query - window).clamp(max=g.key_len - 2))
+    return mask[:, None]
+
+
+def attention_view(g: Grid, window: int | None) -> tuple[torch.Tensor | None, int]:
+    """What a layer with ``window`` (None: global) attends over the grid: ``(mask, first)``, the mask
+    ``[R, 1, T, K - first]`` or None, over the attended entries from index ``first`` on. A single query
+    with an exact key length needs no mask: with a window, it reads only the window's entries."""
+    if g.mask is not None:
+        if window is None:
+            return g.mask, 0
+        inside = g.key_positions[:, None, None, :] > g.positions[:, None, :, None] - window
+        return g.mask & inside, 0
+    if not g.needs_mask:
+        return None, max(0, g.key_len - window) if window is not None else 0
+    return chain_mask(g, window), 0
