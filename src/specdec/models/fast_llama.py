@@ -320,8 +320,10 @@ class FastLlamaLM(CausalLM):
             write(keys, k)
             write(values, v)
             mask, first = views[layer.window]
-            attn = attend(q, read(keys, 0)[:, :, first:], read(values, 1)[:, :, first:], mask, self.scale, gqa, pair,
-                          spec.attn_softcap)
+            keys, values = read(keys, 0), read(values, 1)
+            if first:  # a single query's window: only its entries are read
+                keys, values = keys[:, :, first:], values[:, :, first:]
+            attn = attend(q, keys, values, mask, self.scale, gqa, pair, spec.attn_softcap)
             if layer.experts is None:
                 x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act)
             else:
