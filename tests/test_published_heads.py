@@ -377,3 +377,71 @@ def test_eagle3_method_needs_an_eagle3_head(model_dirs, llama, tmp_path):  # noq
     with pytest.raises(SpecDecError, match="draft_vocab_size applies to heads trained by specdec"):
         LLM(model_dirs["llama"]["target"], dtype="float64",
             speculative_config={"method": "medusa", "model": str(tmp_path / "m"), "draft_vocab_size": 10})
+
+
+def test_a_head_trained_in_the_eagle3_format_round_trips(model_dirs, llama, tmp_path):  # noqa: F811
+    """A head of ``specdec train eagle --format eagle3`` (random weights here) written by ``save_eagle3`` loads
+    as a published EAGLE-3 head whose drafts equal the in-memory module's; its tensors and config fields are
+    the published layout's (the names :func:`make_eagle3` writes)."""
+    from safetensors.torch import load_file
+
+    from specdec.drafters.heads.common import spec_for
+    from specdec.train.eagle3_format import Eagle3Training, save_eagle3
+
+    embed, lm_head = llama.get_input_embeddings().weight.detach(), llama.get_output_embeddings().weight.detach()
+    spec = spec_for("eagle", "test target", lm_head, llama.config, intermediate_size=INTER, feature_layers=[0, 1, 2])
+    torch.manual_seed(17)
+    module = Eagle3Training(spec, embed, lm_head)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(torch.randn_like(param) * (0.1 if param.ndim == 1 else 2.0 / param.shape[-1] ** 0.5))
+    save_eagle3(module, tmp_path / "trained", torch.float64)
+    make_eagle3(llama, tmp_path / "published", seed=1)
+    published = load_file(str(tmp_path / "published" / "model.safetensors"))
+    saved = load_file(str(tmp_path / "trained" / "model.safetensors"))
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in published.items()}
+    config = json.loads((tmp_path / "trained" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == config["vocab_size"] == llama.config.vocab_size
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and "eagle_config" not in config
+
+    llm = LLM(model_dirs["llama"]["target"], dtype="float64", max_num_seqs=4,
+              speculative_config={"method": "eagle3", "model": str(tmp_path / "trained"), "num_speculative_tokens": 3})
+
+    def step(features, tokens):
+        out = module(features[None], tokens[None])
+        return out[0], module.logits(out)[0, -1]
+
+    with torch.no_grad():
+        for context, drafts in record_drafts(llm, PROMPTS[:4]):
+            if drafts:
+                hs = states(llama, context)
+                fused = module.fused(torch.cat([hs[0], hs[1], hs[2]], -1))[0]
+                assert drafts == reference_eagle_drafts(step, fused, context, len(drafts)), f"context {context}"
+
+
+def test_train_eagle_format_eagle3(text_model_dirs, tmp_path):
+    """``specdec train eagle --format eagle3`` writes a published EAGLE-3 folder that the eagle3 method loads and
+    decodes with; the option is refused for other methods and with eagle-only regression options."""
+    from test_train import MODULES
+    from test_train import _module_source as module_source
+
+    from specdec.train.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in MODULES:
+        (corpus / f"{name}.py").write_text(module_source(name))
+    out = tmp_path / "eagle3"
+    common = ["--target", str(text_model_dirs["target"]), "--corpus", str(corpus), "--preset", "tiny",
+              "--max-steps", "2", "--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1",
+              "--acceptance-prompts", "2", "--acceptance-tokens", "6", "--cache-dir", str(tmp_path / "cache")]
+    assert main(["eagle", "--out", str(out), "--format", "eagle3", *common]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "target_fingerprint" not in config
+    assert json.loads((out / "train_summary.json").read_text())["heldout_tau"] >= 1.0
+    llm = LLM(text_model_dirs["target"], speculative_config={"method": "eagle3", "model": str(out)}, dtype="float64")
+    assert llm.engine.hidden_layers == tuple(config["eagle_aux_hidden_state_layer_ids"])
+    assert len(llm.generate("def f(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids) == 5
+    assert main(["eagle", "--out", str(tmp_path / "bad"), "--format", "eagle3", "--feature-weight", "0.5",
+                 *common]) == 2

@@ -45,13 +45,14 @@ class PublishedEagle(nn.Module):
     """The weights of a published EAGLE head (``kind`` :data:`EAGLE3` or :data:`EAGLE1`), by their
     published names without the layer prefix (``self_attn.q_proj.weight``, ``fc.weight``, ``norm.weight``,
     ``lm_head.weight``, ...), and ``draft_ids`` ``[V']``: the target token of each row of the head's own
-    ``lm_head`` (EAGLE-3; None for EAGLE-1, which scores with the target's head)."""
+    ``lm_head`` (EAGLE-3; None for EAGLE-1, which scores with the target's head, or for a draft vocabulary
+    that is the target's). ``trainable``: the weights take gradients (``specdec train eagle --format eagle3``)."""
 
     def __init__(self, kind: str, config: LlamaConfig, tensors: dict[str, torch.Tensor],
-                 draft_ids: torch.Tensor | None) -> None:
+                 draft_ids: torch.Tensor | None, trainable: bool = False) -> None:
         super().__init__()
         self.kind, self.config = kind, config
-        self.weights = nn.ParameterDict({k.replace(".", "/"): nn.Parameter(v, requires_grad=False)
+        self.weights = nn.ParameterDict({k.replace(".", "/"): nn.Parameter(v, requires_grad=trainable)
                                          for k, v in tensors.items()})
         self.register_buffer("draft_ids", draft_ids)
 
@@ -83,13 +84,28 @@ class PublishedEagle(nn.Module):
         residual = normed if getattr(self.config, "norm_before_residual", False) else features
         return torch.cat([rms_norm(embeds, self.get("input_layernorm.weight"), eps), normed], dim=-1), residual
 
-    def mlp_block(self, x: torch.Tensor) -> torch.Tensor:
-        """``x + down(silu(gate(n)) * up(n))`` with ``n = post_attention_layernorm(x)``."""
+    def qkv(self, attn_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[R, heads, T, d]`` and keys and values ``[R, kv_heads, T, d]`` of ``attn_in`` ``[R, T, D]``,
+        rotated by ``cos``/``sin`` ``[R, T, d]`` (transformers' rotary embedding of the positions)."""
+        rows, width = attn_in.shape[:2]
+        heads = self.config.num_attention_heads
+        kv = getattr(self.config, "num_key_value_heads", None) or heads
+        q = self.linear(attn_in, "self_attn.q_proj").view(rows, width, heads, -1).transpose(1, 2)
+        k = self.linear(attn_in, "self_attn.k_proj").view(rows, width, kv, -1).transpose(1, 2)
+        v = self.linear(attn_in, "self_attn.v_proj").view(rows, width, kv, -1).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output ``[R, T, H]``: the residual plus ``o_proj`` of the attention ``[R, heads, T, d]``, then
+        ``x + down(silu(gate(n)) * up(n))`` with ``n = post_attention_layernorm(x)``."""
+        x = residual + self.linear(attn.transpose(1, 2).reshape(*residual.shape[:2], -1), "self_attn.o_proj")
         n = rms_norm(x, self.get("post_attention_layernorm.weight"), self.config.rms_norm_eps)
         return x + self.linear(F.silu(self.linear(n, "mlp.gate_proj")) * self.linear(n, "mlp.up_proj"),
                                "mlp.down_proj")
 
-    def logits(self, out: torch.Tensor, target_head: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    def logits(self, out: torch.Tensor, target_head: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
         """Logits ``[M, V]`` of the layer's outputs ``[M, H]``: EAGLE-3 scores ``norm(out)`` with its own head
         and places row ``i`` at target token ``draft_ids[i]`` (``-inf`` elsewhere); EAGLE-1 scores ``out`` with
         the target's head."""
@@ -170,11 +186,7 @@ class PublishedEagleLM(CausalLM):
         positions = batch.positions.new_zeros(rows * width).index_copy_(0, cell, batch.positions).view(rows, width)
         m = self.module
         attn_in, residual = m.attention_input(x)
-        q = m.linear(attn_in, "self_attn.q_proj").view(rows, width, self.num_heads, -1).transpose(1, 2)
-        k = m.linear(attn_in, "self_attn.k_proj").view(rows, width, self.num_kv_heads, -1).transpose(1, 2)
-        v = m.linear(attn_in, "self_attn.v_proj").view(rows, width, self.num_kv_heads, -1).transpose(1, 2)
-        cos, sin = self.rotary(x, positions)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = m.qkv(attn_in, *self.rotary(x, positions))
         for pool, new in ((cache.keys, k), (cache.values, v)):
             pool[write_slot, :, write_index] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])[cell]
         key_len = max(s + c for s, c in zip(starts, counts))
@@ -182,8 +194,7 @@ class PublishedEagleLM(CausalLM):
         mask = self._mask(batch, small[0], small[1], cell, width, key_len)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5,
                                               enable_gqa=self.num_kv_heads != self.num_heads)
-        out = residual + m.linear(attn.transpose(1, 2).reshape(rows, width, -1), "self_attn.o_proj")
-        out = m.mlp_block(out).reshape(rows * width, -1)[cell]
+        out = m.finish(residual, attn).reshape(rows * width, -1)[cell]
         for slot, count in zip(slots, counts):
             cache.lengths[slot] += count
         if batch.logits_rows is not None:
