@@ -209,12 +209,19 @@ def states(target, ids):
         return target(torch.tensor([ids]), output_hidden_states=True).hidden_states
 
 
-@pytest.mark.parametrize(("method", "layer", "embed"), [("eagle3", "midlayer", False), ("eagle", "layers.0", True)])
-def test_eagle3_drafts_equal_the_reference_forward(model_dirs, llama, tmp_path, method, layer, embed):  # noqa: F811
+@pytest.mark.parametrize(("method", "layer", "embed", "pickled"), [
+    ("eagle3", "midlayer", False, False), ("eagle", "layers.0", True, False), ("eagle3", "midlayer", False, True)])
+def test_eagle3_drafts_equal_the_reference_forward(model_dirs, llama, tmp_path, method, layer, embed,  # noqa: F811
+                                                   pickled):
     """Each draft of an EAGLE-3 head (a 64-token draft vocabulary through d2t) equals the reference: ``fc``
     over the target's hidden states 0, 1, 2 (vLLM's default (2, L//2, L-3) for 3 layers, in layer order),
-    the layer over ``[input_layernorm(e); hidden_norm(f)]`` with ``f`` as residual, its norm and head."""
+    the layer over ``[input_layernorm(e); hidden_norm(f)]`` with ``f`` as residual, its norm and head. Named
+    ``midlayer.*`` or ``layers.0.*``, with or without its own embedding, as safetensors or as the
+    ``pytorch_model.bin`` SafeAILab publishes."""
     t = make_eagle3(llama, tmp_path / "e3", seed=1, draft_vocab=64, scale=2.0, layer=layer, embed=embed)
+    if pickled:
+        torch.save(t, tmp_path / "e3" / "pytorch_model.bin")
+        (tmp_path / "e3" / "model.safetensors").unlink()
     llm = LLM(model_dirs["llama"]["target"], dtype="float64", max_num_seqs=4,
               speculative_config={"method": method, "model": str(tmp_path / "e3"), "num_speculative_tokens": 3})
     assert llm.engine.hidden_layers == (0, 1, 2)
@@ -316,7 +323,7 @@ def test_aux_layer_ids_follow_vllm_and_sglang(tmp_path):
         aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [1, 2]}, 32, tmp_path)
 
 
-def _edit(folder, drop=None, reshape=None, **config):
+def _edit(folder, drop=None, reshape=None, extra=None, **config):
     from safetensors.torch import load_file
 
     path = folder / "model.safetensors"
@@ -325,6 +332,8 @@ def _edit(folder, drop=None, reshape=None, **config):
         del tensors[drop]
     if reshape:
         tensors[reshape] = tensors[reshape][:-1]
+    if extra:
+        tensors[extra] = torch.zeros(3)
     save_file(tensors, str(path))
     data = json.loads((folder / "config.json").read_text())
     data.update(config)
@@ -339,8 +348,12 @@ def _edit(folder, drop=None, reshape=None, **config):
     ("eagle3", {"eagle_aux_hidden_state_layer_ids": [0, 1, 7]}, "not three distinct layers of a target with 3"),
     ("eagle3", {"vocab_size": 128}, "vocabulary of 128 tokens; the target"),
     ("eagle3", {"target_hidden_size": 48}, "hidden size 48; the target"),
+    ("eagle3", {"num_hidden_layers": 2}, "has 2 layers; published EAGLE heads have one"),
+    ("eagle3", {"eagle_config": {"use_aux_hidden_state": False}}, "sets use_aux_hidden_state false"),
+    ("eagle3", {"transformer_layer_config": {}, "architectures": ["Eagle3Speculator"]}, "speculators format"),
     ("medusa", {"drop": "medusa_head.1.2.weight"}, "lack the tensor '1.2.weight'"),
     ("medusa", {"medusa_num_heads": 4}, "lack the tensor '3.0.linear.weight'"),
+    ("medusa", {"extra": "medusa_head.0.0.linear.scale"}, r"tensors this layout does not have: \['0.0.linear.scale'\]"),
 ])
 def test_malformed_published_heads_are_refused(model_dirs, llama, tmp_path, method, edit, message):  # noqa: F811
     if method == "eagle3":

@@ -120,7 +120,8 @@ def aux_layer_ids(config: dict[str, Any], num_layers: int, folder: Path) -> list
     resolved = sorted(i + offset for i in ids)
     if any(not 0 <= i < num_layers for i in resolved) or len(set(resolved)) != 3:
         raise SpecDecError(f"the EAGLE-3 head in {str(folder)!r} reads target layers {ids} ({where}), which are not "
-                           f"three distinct layers of a target with {num_layers} layers")
+                           f"three distinct layers of a target with {num_layers} layers (name three in "
+                           "eagle_aux_hidden_state_layer_ids, or train with --feature-layers I,J,K)")
     return resolved
 
 
@@ -147,6 +148,13 @@ def load_eagle(folder: Path, target: CausalLM, lm_head: torch.Tensor, method: st
     """A published EAGLE-3 or EAGLE-1/2 head for ``target``, checked, on the target's device and dtype; with
     its :class:`HeadSpec` and its own token embedding ``[V, H]`` (None: the target's)."""
     data = read_config(folder)
+    if "transformer_layer_config" in data or "speculators_config" in data:
+        raise SpecDecError(f"{str(folder)!r} is in vLLM's speculators format ({data.get('architectures')}), which "
+                           "specdec does not load: use the head in its original EAGLE layout")
+    nested = data.get("eagle_config")
+    if isinstance(nested, dict) and nested.get("use_aux_hidden_state") is False:
+        raise SpecDecError(f"the EAGLE-3 head in {str(folder)!r} sets use_aux_hidden_state false (no fc over three "
+                           "target layers), which specdec does not load")
     tensors = {re.sub(r"^midlayer\.", "layers.0.", k): v for k, v in read_tensors(folder).items()}
     hidden_t, vocab, num_layers = target_shape(target, lm_head)
     eagle3 = (EAGLE3_ARCHITECTURE in (data.get("architectures") or []) or "layers.0.hidden_norm.weight" in tensors
