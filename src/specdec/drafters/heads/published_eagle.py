@@ -141,7 +141,7 @@ class PublishedEagleLM(CausalLM):
         self.device, self.dtype = target_head.device, target_head.dtype
         self.vocab_size = int(target_head.shape[0])
         self.num_layers = 1
-        self.max_length = 1 << 62
+        self.max_length = 1 << 62  # rotary angles are computed per position: the layer sets no limit of its own
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
