@@ -185,7 +185,8 @@ def _run_heads(args: argparse.Namespace) -> int:
                           exit_layer=getattr(args, "exit_layer", None),
                           feature_layers=getattr(args, "feature_layers", None) or (),
                           feature_weight=getattr(args, "feature_weight", FEATURE_WEIGHT),
-                          draft_vocab_size=args.draft_vocab_size)
+                          draft_vocab_size=args.draft_vocab_size,
+                          head_format=getattr(args, "head_format", "specdec"))
     _print_summary(summary, ["steps", "tokens", "wall_time_s", "final_train_loss", "final_heldout_loss",
                              "heldout_tau", "heldout_acceptance_per_position"])
     return 0
@@ -246,6 +247,10 @@ def _add_heads(sub: argparse._SubParsersAction) -> None:
                                "i's output, -1 the final normed one), e.g. 2,3,-1 (default: the final one alone)")
             shape.add_argument("--feature-weight", type=float, default=1.0,
                                help="weight of the feature regression next to the KL term (default 1)")
+            shape.add_argument("--format", dest="head_format", choices=("specdec", "eagle3"), default="specdec",
+                               help="specdec: specdec's head folder (default); eagle3: an EAGLE-3 head in the layout "
+                               "vLLM and SGLang load (LlamaForCausalLMEagle3), on three target layers (default "
+                               "vLLM's 2, L/2, L-3; or --feature-layers)")
         _add_train_flags(p, 1e-3)
         _add_draft_vocab_size(p)
         evaluation = p.add_argument_group("held-out measurement")

@@ -127,6 +127,14 @@ def head_loss(method: str, module: nn.Module, target: PreTrainedModel, ids: torc
         heads = module(feats)  # [B, T, K, H]
         losses = [_kl(F.linear(heads[:, : T - i, i - 1], lm_head), logp[:, i:]) for i in range(1, heads.shape[2] + 1)]
         return torch.stack(losses).mean()
+    if method == "eagle3":  # the published EAGLE-3 layout (eagle3_format): the token loss alone
+        source = module.fused(torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).float())
+        inputs, loss = source[:, :-1], 0.0
+        for _ in range(2):  # teacher-forced, then on its own outputs (what drafting feeds after the first token)
+            pred = module(inputs, ids[:, 1:])
+            loss = loss + _kl(module.logits(pred), logp[:, 1:])
+            inputs = torch.cat([source[:, :1], pred[:, :-1]], dim=1)
+        return loss / 2
     if method == "eagle":
         source = module.fused(torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).float()
                               if feature_layers else feats)  # [B, T, H]
@@ -194,6 +202,24 @@ def write_token_counts(target_dir: str | os.PathLike[str], out: str | os.PathLik
     return len(stream)
 
 
+def _check_format(head_format: str, method: str, feature_weight: float, draft_vocab_size: int) -> bool:
+    """Whether ``head_format`` is the published EAGLE-3 layout (checked against the other options)."""
+    from specdec.train.eagle3_format import FORMATS
+
+    if head_format not in FORMATS:
+        raise SpecDecError(f"unknown head format {head_format!r}; choose one of {', '.join(FORMATS)}")
+    if head_format == "specdec":
+        return False
+    if method != "eagle":
+        raise SpecDecError(f"--format {head_format} is an eagle option, not a {method} one")
+    if feature_weight != FEATURE_WEIGHT:
+        raise SpecDecError("--feature-weight does not apply to --format eagle3 (EAGLE-3 trains on the token loss)")
+    if draft_vocab_size:
+        raise SpecDecError("--draft-vocab-size does not apply to --format eagle3 (its head scores the whole "
+                           "vocabulary)")
+    return True
+
+
 def _exit_layer(exit_layer: int | None, num_layers: int) -> int:
     """``exit_layer`` checked against a target of ``num_layers`` layers (None: half of them)."""
     layer = num_layers // 2 if exit_layer is None else exit_layer
@@ -216,17 +242,23 @@ def train_heads(
     feature_layers: Sequence[int] = (),
     feature_weight: float = FEATURE_WEIGHT,
     draft_vocab_size: int = 0,
+    head_format: str = "specdec",
 ) -> dict[str, Any]:
     """Train ``method`` heads for the target in ``target_dir`` into ``settings.out_dir``; return the summary.
     ``exit_layer`` (early_exit): the adapter reads the output of layers ``0..L-1`` (None: half the layers).
     ``feature_layers`` (eagle): the target's hidden states fused into the layer's input (EAGLE-3);
     ``feature_weight`` (eagle): the weight of the feature regression. ``draft_vocab_size``: the folder's default
-    draft vocabulary (0: the whole one), stored with the training split's token counts the folder always gets."""
+    draft vocabulary (0: the whole one), stored with the training split's token counts the folder always gets.
+    ``head_format`` (eagle): ``"specdec"`` (specdec's head folder) or ``"eagle3"`` (an EAGLE-3 head in the layout
+    vLLM and SGLang load, :mod:`specdec.train.eagle3_format`; ``feature_layers``: its three target layers, by
+    default vLLM's)."""
     import torch
 
     from specdec.drafters.draft_vocab import check_draft_vocab_size, save_token_counts
     from specdec.drafters.heads.common import HeadSpec, save_heads, spec_for
     from specdec.drafters.heads.eagle import check_feature_layers
+    from specdec.drafters.heads.published import aux_layer_ids
+    from specdec.train.eagle3_format import Eagle3Training, save_eagle3
 
     if method not in HEAD_METHODS:
         raise SpecDecError(f"unknown head method {method!r}; choose one of {', '.join(HEAD_METHODS)}")
@@ -235,6 +267,7 @@ def train_heads(
     if not feature_weight >= 0:
         raise SpecDecError(f"the feature weight must be a non-negative number, got {feature_weight}")
     check_draft_vocab_size(draft_vocab_size, "--draft-vocab-size")
+    eagle3 = _check_format(head_format, method, feature_weight, draft_vocab_size)
     settings.validate()
     target_dir = Path(target_dir)
     device = resolve_device("auto")
@@ -245,6 +278,12 @@ def train_heads(
     lm_head = target.get_output_embeddings().weight
     if settings.resume:
         spec = HeadSpec.load(checkpoint_dir(settings.out_dir))
+    elif eagle3:
+        layers = aux_layer_ids({"eagle_aux_hidden_state_layer_ids": check_feature_layers(
+            list(feature_layers), target.config.num_hidden_layers)} if feature_layers else {},
+            target.config.num_hidden_layers, target_dir)
+        spec = spec_for(method, target_dir.name, lm_head, target.config, intermediate_size=preset.intermediate_size,
+                        feature_layers=layers)
     else:
         spec = spec_for(method, target_dir.name, lm_head, target.config, num_heads=preset.num_heads,
                         intermediate_size=preset.intermediate_size,
@@ -255,8 +294,11 @@ def train_heads(
     train_blocks, heldout_blocks = corpus_blocks(corpus_dirs, tokenizer, context, settings.seed, cache_dir)
     save_token_counts(settings.out_dir, train_blocks.blocks, int(lm_head.shape[0]), draft_vocab_size)
     torch.manual_seed(settings.seed)
-    module = build_module(method, spec, embed, lm_head)
-    module.config = spec  # the loop's checkpoints write it as config.json
+    if eagle3:
+        module = Eagle3Training(spec, embed, lm_head)
+    else:
+        module = build_module(method, spec, embed, lm_head)
+        module.config = spec  # the loop's checkpoints write it as config.json
     trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in target.parameters())
     print(f"{method}: {trained / 1e6:.2f}M trained parameters on a frozen {frozen / 1e6:.2f}M target, "
@@ -264,11 +306,15 @@ def train_heads(
 
     def save(model: nn.Module, out: Path, save_dtype: str) -> None:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[save_dtype]
-        save_heads(model, spec, out, dtype)
+        if eagle3:
+            save_eagle3(model, out, dtype)
+        else:
+            save_heads(model, spec, out, dtype)
 
+    kind = "eagle3" if eagle3 else method
     train(module, tokenizer, lambda i: train_blocks.batch(i, settings.batch_size),
           heldout_blocks.first(settings.eval_blocks),
-          lambda m, ids: head_loss(method, m, target, ids, spec.feature_layers, feature_weight), settings,
+          lambda m, ids: head_loss(kind, m, target, ids, spec.feature_layers, feature_weight), settings,
           extra_summary={"role": method, "context": context, "target": str(target_dir),
                          "trained_parameters": trained, "autocast_target": str(autocast_dtype(device))},
           save_fn=save)

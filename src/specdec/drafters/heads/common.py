@@ -195,19 +195,27 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> HeadDrafter:
+        from specdec.drafters.heads.published import is_published
+
         _, lm_head = target_weights(target)
         folder = resolve_folder(config.model, cls.method, lm_head, target.name)
-        spec, state = load_spec_and_state(folder, cls.method, lm_head, target.name)
-        if spec.feature_layers and not cls.fuses_features:
-            raise SpecDecError(f"{str(folder)!r} sets feature_layers, which {cls.method} heads do not take "
-                               "(an eagle option)")
         if config.num_candidates > 1 and not target.supports_tree_mask:
             raise SpecDecError(
                 f"{cls.method} with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, "
                 f"Mistral); {target.name!r} runs on transformers' forward: use num_candidates=1")
-        drafter = cls.build(target, spec, state, folder, options)
+        if is_published(folder):
+            if config.draft_vocab_size:
+                raise SpecDecError(f"{str(folder)!r} holds published heads, which score their own vocabulary: "
+                                   "draft_vocab_size applies to heads trained by specdec")
+            drafter = cls.build_published(target, folder, options)
+        else:
+            spec, state = load_spec_and_state(folder, cls.method, lm_head, target.name)
+            if spec.feature_layers and not cls.fuses_features:
+                raise SpecDecError(f"{str(folder)!r} sets feature_layers, which {cls.method} heads do not take "
+                                   "(an eagle option)")
+            drafter = cls.build(target, spec, state, folder, options)
+            drafter.vocab = DraftVocab.load(folder, config.draft_vocab_size, lm_head)
         drafter.num_candidates = config.num_candidates
-        drafter.vocab = DraftVocab.load(folder, config.draft_vocab_size, lm_head)
         return drafter
 
     @classmethod
@@ -215,6 +223,13 @@ class HeadDrafter(Drafter):
               options: LoadOptions) -> HeadDrafter:
         """The drafter with its loaded module (each method builds its own)."""
         raise NotImplementedError
+
+    @classmethod
+    def build_published(cls, target: CausalLM, folder: Path, options: LoadOptions) -> HeadDrafter:
+        """The drafter of heads in a layout vLLM and SGLang load (:mod:`.published`), for the methods that
+        take one."""
+        raise SpecDecError(f"{str(folder)!r} is not a specdec head folder (its config.json has no target_fingerprint) "
+                           f"and {cls.method} loads no published layout: use heads from `{_train_command(cls.method)}`")
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """``features`` ``[..., H]`` scored by the target's head (its draft vocabulary's rows, ``-inf`` for the

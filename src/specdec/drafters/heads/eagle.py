@@ -8,10 +8,20 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, narrow_rows, register_drafter
+from specdec.drafters.base import (
+    DraftBatch,
+    LoadOptions,
+    SpeculativeConfig,
+    draft_probs,
+    draw_column,
+    narrow_rows,
+    register_drafter,
+)
 from specdec.drafters.draft_vocab import full_logits, head_rows
 from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import EagleLayer
+from specdec.drafters.heads.published import load_eagle
+from specdec.drafters.heads.published_eagle import PublishedEagle, PublishedEagleLM
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
 from specdec.models.fast_llama import FastLlamaLM
@@ -80,13 +90,18 @@ class EagleDrafter(HeadDrafter):
     method = "eagle"
     tree_drafts = True
     fuses_features = True
-    description = ("EAGLE: one-layer feature drafter on the target's hidden states "
-                   "(trained folder; embedded for the default pair)")
+    description = ("EAGLE: one-layer feature drafter on the target's hidden states (trained folder, embedded "
+                   "for the default pair, or a published EAGLE-1/2/3 head)")
 
-    def __init__(self, target: CausalLM, spec: HeadSpec, module: EagleLayer, num_slots: int, capacity: int) -> None:
+    def __init__(self, target: CausalLM, spec: HeadSpec, module: EagleLayer | PublishedEagle, num_slots: int,
+                 capacity: int, layer: CausalLM | None = None, embed: torch.Tensor | None = None) -> None:
+        """``layer``: the backend running the layer (None: specdec's fast backend over ``module.decoder``);
+        ``embed``: the layer's own token embedding ``[V, H]`` (None: the target's)."""
         super().__init__(target, spec, module)
         self.hidden_layers = tuple(spec.feature_layers) or (-1,)  # EAGLE-3: the fused layers
-        self.layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
+        if embed is not None:
+            self.embed = embed
+        self.layer = layer or FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
         self.cache = self.layer.new_cache(num_slots, capacity)
 
     @classmethod
@@ -102,6 +117,15 @@ class EagleDrafter(HeadDrafter):
                                "distinct non-negative indices")
         module = load_module(EagleLayer(eagle_config(spec), embed, lm_head, len(layers)), state, folder)
         return cls(target, spec, module, options.num_slots, options.max_model_len)
+
+    @classmethod
+    def build_published(cls, target: CausalLM, folder: Path, options: LoadOptions) -> EagleDrafter:
+        """An EAGLE-3 head (``LlamaForCausalLMEagle3``) or, for ``eagle``, an EAGLE-1/2 head in its published
+        layout (:mod:`.published_eagle`), run over its own pool."""
+        _, lm_head = target_weights(target)
+        module, spec, embed = load_eagle(folder, target, lm_head, cls.method, eagle3_only=cls.method == "eagle3")
+        layer = PublishedEagleLM(module, lm_head, f"{spec.method} head {str(folder)!r}")
+        return cls(target, spec, module, options.num_slots, options.max_model_len, layer=layer, embed=embed)
 
     def add(self, seqs: list[Sequence]) -> None:
         for s in seqs:
@@ -238,3 +262,21 @@ class EagleDrafter(HeadDrafter):
         for b, n in zip(rows, num_draft):
             sizes[b] = n
         return DraftBatch(full_tokens, sizes, parents=full_parents)
+
+
+@register_drafter
+class Eagle3Drafter(EagleDrafter):
+    """vLLM's and SGLang's ``eagle3`` method: a published EAGLE-3 head (``LlamaForCausalLMEagle3``: ``fc`` over
+    three of the target's layers, ``midlayer``, ``d2t``/``t2d``), drafted like :class:`EagleDrafter`."""
+
+    method = "eagle3"
+    optional_model = False
+    needs_model = True
+    description = "EAGLE-3: a published EAGLE-3 head folder (the layout vLLM and SGLang load) on three target layers"
+
+    @classmethod
+    def check_config(cls, config: SpeculativeConfig) -> None:
+        super().check_config(config)
+        if config.model is None:
+            raise SpecDecError("speculative method 'eagle3' needs a 'model': a folder with an EAGLE-3 head "
+                               "(config.json with LlamaForCausalLMEagle3 and its weights)")

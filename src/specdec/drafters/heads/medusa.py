@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.base import DraftBatch, LoadOptions, draft_probs, draw_column, register_drafter
-from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module
+from specdec.drafters.heads.common import HeadDrafter, HeadSpec, load_module, target_weights
 from specdec.drafters.heads.modules import MedusaHeads
+from specdec.drafters.heads.published import load_medusa
 from specdec.models.base import CausalLM, to_device
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -69,6 +70,16 @@ class MedusaDrafter(HeadDrafter):
         module = MedusaHeads(spec.hidden_size, spec.num_heads).to(target.device, target.dtype)
         return cls(target, spec, load_module(module, state, folder))
 
+    @classmethod
+    def build_published(cls, target: CausalLM, folder: Path, options: LoadOptions) -> MedusaDrafter:
+        """Medusa heads in FasterDecoding's or vLLM's layout, each with its own output head."""
+        module, spec = load_medusa(folder, target, target_weights(target)[1])
+        return PublishedMedusaDrafter(target, spec, module)
+
+    def head_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Every head's logits ``[A, K, V]`` from features ``[A, H]``: the blocks' outputs under the target's head."""
+        return self.logits(self.module(features))
+
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
         if self.num_candidates > 1:
             return self._propose_tree(seqs, ks)
@@ -82,8 +93,7 @@ class MedusaDrafter(HeadDrafter):
             return DraftBatch(tokens, ks)
         rows = sampling.select(active) if len(active) < len(seqs) else sampling
         with torch.inference_mode():
-            heads = self.module(torch.stack([features[b] for b in active]))[:, :width]  # [A, K, H]
-            logits = self.logits(heads)  # [A, K, V]
+            logits = self.head_logits(torch.stack([features[b] for b in active]))[:, :width]  # [A, K, V]
         index = to_device(active, device)
         probs = None
         if rows.all_greedy:
@@ -109,11 +119,19 @@ class MedusaDrafter(HeadDrafter):
         active = [b for b, t in enumerate(trees) if t is not None]
         if not active:
             return DraftBatch(tokens, num_draft)
-        heads = self.module(torch.stack([features[b] for b in active]))  # [A, K, H]
-        top = self.logits(heads).topk(min(width, self.num_scored), dim=-1).indices  # [A, K, r]
+        logits = self.head_logits(torch.stack([features[b] for b in active]))  # [A, K, V]
+        top = logits.topk(min(width, self.num_scored), dim=-1).indices  # [A, K, r]
         for n in sorted({num_draft[b] for b in active}):  # the rows with the same budget share a tree
             group = [j for j, b in enumerate(active) if num_draft[b] == n]
             rows, tree = to_device([active[j] for j in group], device), trees[active[group[0]]]
             tokens[rows, :n] = tree.tokens(top[to_device(group, device)])
             parents[rows, :n] = tree.parents_tensor(len(group), device)
         return DraftBatch(tokens, num_draft, parents=parents)
+
+
+class PublishedMedusaDrafter(MedusaDrafter):
+    """:class:`MedusaDrafter` over published heads (:class:`~.published.ResidualMedusa`), which score with their
+    own output heads (the ``medusa`` method's drafter for such a folder; not a method of its own)."""
+
+    def head_logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.module(features)
