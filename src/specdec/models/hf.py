@@ -141,8 +141,9 @@ def own_cache_classes(model: PreTrainedModel) -> list[str]:
 class HFCausalLM(CausalLM):
     """Wraps a ``PreTrainedModel``; runs a batch row by row through the model's own forward."""
 
-    def __init__(self, model: PreTrainedModel, name: str) -> None:
+    def __init__(self, model: PreTrainedModel, name: str, backend_reason: str | None = None) -> None:
         self.model = model.eval()
+        self.backend_reason = backend_reason
         self.config = model.config
         self.name = name
         self.device = model.device
