@@ -17,7 +17,7 @@ from specdec.errors import SpecDecError
 from specdec.models.hf import HFCausalLM
 
 PROMPTS = [[3, 5, 7, 3, 5, 7, 11, 3, 5], [42, 1, 17, 29, 8]]
-MAX_TOKENS = [24, 17]
+MAX_TOKENS = [20, 12]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 RECURRENT = {"mamba", "jamba"}
 WINDOWED = {"mistral", "gemma2", "gemma3_text"}

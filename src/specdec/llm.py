@@ -91,7 +91,7 @@ DEFAULT_MAX_NUM_SEQS = 16
 DEFAULT_MAX_MODEL_LEN = 8192
 """Tokens per sequence when ``max_model_len`` is not given, if the model's context is longer: every
 slot of a KV pool is allocated at this length, so a 128k-token config would otherwise ask for 16 x 128k
-tokens of cache (64 GiB for an 8B Llama in bf16); 8192 holds a long chat turn or document prompt and
+tokens of cache (256 GiB for an 8B Llama in bf16); 8192 holds a long chat turn or document prompt and
 its answer (16 GiB there at 16 slots). Pass ``max_model_len`` for more."""
 
 
