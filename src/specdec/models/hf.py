@@ -111,7 +111,7 @@ class DynamicCachePool(KVCache):
         if not self.replay:
             self.caches[slot].crop(-remove)
             return
-        kept = self.committed(slot)[:length]
+        kept = self.committed(slot)
         self.caches[slot] = new_slot_cache(self.config)
         self.fed[slot] = []
         self.replay_ids[slot] = kept if length else None
@@ -134,7 +134,9 @@ def own_cache_classes(model: PreTrainedModel) -> list[str]:
     the hybrid models' caches before transformers moved their states into cache layers): a model that
     keeps its state there ignores or rejects the ``DynamicCache`` this backend passes."""
     module = sys.modules.get(type(model).__module__)
-    return sorted(name for name, value in vars(module or {}).items()
+    if module is None:
+        return []
+    return sorted(name for name, value in vars(module).items()
                   if isinstance(value, type) and name.endswith("Cache") and value.__module__ == module.__name__)
 
 
