@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 from helpers import build_model
 
 from specdec import LLM, SamplingParams, SpecDecError
@@ -165,16 +166,27 @@ def test_folder_without_config(tmp_path):
         LLM(tmp_path)
 
 
-def test_cache_that_cannot_roll_back(tmp_path):
+def test_sliding_window_runs_on_both_backends(tmp_path):
+    """A sliding-window cache used to be refused; it now runs on the fast backend (a window mask over the
+    slot, picked by auto) and through transformers' forward (the cache kept whole), the window crossed and
+    the output equal to transformers' own on both."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, use_sliding_window=True, sliding_window=8, max_window_layers=0)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "sliding")
-    with pytest.raises(SpecDecError, match="cannot be rolled back"):
-        LLM(tmp_path / "sliding", backend="hf")
-    # The fast backend runs the window (a mask over the slot), so auto picks it.
-    assert type(LLM(tmp_path / "sliding").target).__name__ == "FastLlamaLM"
+                         num_attention_heads=2, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                         max_window_layers=0,
+                         bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.float64).eval()
+    model.save_pretrained(tmp_path / "sliding")
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+    for backend, kind in (("auto", "FastLlamaLM"), ("hf", "HFCausalLM")):
+        llm = LLM(tmp_path / "sliding", dtype="float64", backend=backend)
+        assert type(llm.target).__name__ == kind
+        out = llm.generate({"prompt_token_ids": prompt[0].tolist()}, SamplingParams(temperature=0, max_tokens=12))
+        assert out[0].outputs[0].token_ids == expected, backend
 
 
 def test_unknown_dtype_device_backend(model_dirs):

@@ -236,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from specdec.llm import LLM
+    from specdec.models.loader import backend_line
     from specdec.sampling import SamplingParams
 
     if args.stream and args.json:
@@ -253,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager)
+    llm.check_params(params)
+    for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
+        llm.encode_prompt(prompt)
+    print(f"[specdec] {backend_line(llm.target)}", file=sys.stderr, flush=True)
     if llm.speculative_config is not None:
         k = llm.speculative_config.num_speculative_tokens
     if args.stream and not args.json:

@@ -88,6 +88,11 @@ class _Request:
 
 
 DEFAULT_MAX_NUM_SEQS = 16
+DEFAULT_MAX_MODEL_LEN = 8192
+"""Tokens per sequence when ``max_model_len`` is not given, if the model's context is longer: every
+slot of a KV pool is allocated at this length, so a 128k-token config would otherwise ask for 16 x 128k
+tokens of cache (256 GiB for an 8B Llama in bf16); 8192 holds a long chat turn or document prompt and
+its answer (16 GiB there at 16 slots). Pass ``max_model_len`` for more."""
 
 
 class LLM:
@@ -101,8 +106,10 @@ class LLM:
     ``backend``: ``"auto"``, ``"fast"`` or ``"hf"`` (see :func:`specdec.models.load_causal_lm`).
     ``max_num_seqs``: sequences run at once (slots of the KV pool, allocated once); more
     requests wait in a queue. ``max_model_len``: tokens per sequence, prompt and output
-    (default: the model's context window). ``enforce_eager``: never capture CUDA graphs (on a
-    GPU the fast backend captures its decode and verify forwards lazily, per shape bucket).
+    (default: the model's context window, at most :data:`DEFAULT_MAX_MODEL_LEN`); a KV pool that
+    does not fit the available memory raises :class:`SpecDecError` before it is allocated.
+    ``enforce_eager``: never capture CUDA graphs (on a GPU the fast backend captures its decode
+    and verify forwards lazily, per shape bucket).
     """
 
     def __init__(
@@ -133,7 +140,7 @@ class LLM:
                 f"max_model_len {max_model_len} is larger than the context window of {self.target.name!r} "
                 f"({self.target.max_length} tokens)"
             )
-        self.max_model_len = max_model_len or self.target.max_length
+        self.max_model_len = max_model_len or min(self.target.max_length, DEFAULT_MAX_MODEL_LEN)
         self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
         drafter = None

@@ -36,6 +36,7 @@ first moved to contiguous indices (``cache.compact``).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,6 +138,41 @@ def prefill_batches(
             for g in batches]
 
 
+POOL_MEMORY_FRACTION = 0.9
+"""The share of the available memory a KV pool may take when it is allocated (the rest is left to
+the activations of the forwards and to whatever else runs)."""
+
+GIB = 1 << 30
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on ``device``: free device memory on CUDA, the kernel's
+    ``MemAvailable`` (or the free physical pages) on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_pool_fits(num_bytes: int, num_slots: int, capacity: int, device: torch.device, owner: str) -> None:
+    """Raise :class:`SpecDecError` before allocating a KV pool of ``num_bytes`` (``num_slots`` slots of
+    ``capacity`` tokens, for model ``owner``) that does not fit :data:`POOL_MEMORY_FRACTION` of the
+    memory available on ``device``; the message names the knobs that shrink it."""
+    available = available_memory(device)
+    if num_bytes > POOL_MEMORY_FRACTION * available:
+        raise SpecDecError(
+            f"the KV cache of {owner!r} needs {num_bytes / GIB:.2f} GiB ({num_slots} slots x {capacity} tokens) but "
+            f"{available / GIB:.2f} GiB of {device.type} memory is available; lower max_model_len (tokens per "
+            f"sequence) or max_num_seqs (sequences at once), e.g. --max-model-len / --max-num-seqs"
+        )
+
+
 @dataclass
 class ForwardOutput:
     """``logits`` ``[M, V]`` of the wanted rows; ``hidden`` ``[M, len(hidden_layers), H]`` or None."""
@@ -186,7 +222,7 @@ class CausalLM(ABC):
     ``config`` (the transformers config), ``num_layers`` (decoder layers), ``supports_tree_mask``
     and ``supports_layer_subsets`` (``ForwardBatch.layers`` and ``input_hidden``), ``pads_rows``
     (a forward computes every row as long as the longest, so its cost follows rows x longest row,
-    not the tokens fed).
+    not the tokens fed), ``backend_reason`` (why the loader chose this backend, one clause, or None).
     """
 
     vocab_size: int
@@ -198,6 +234,7 @@ class CausalLM(ABC):
     supports_tree_mask: bool = False
     supports_layer_subsets: bool = False
     pads_rows: bool = False
+    backend_reason: str | None = None
 
     @abstractmethod
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:

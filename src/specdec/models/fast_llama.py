@@ -18,6 +18,7 @@ On a CPU, a bfloat16 forward of one token per row attends each query as a pair
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdec.argmax import argmax
-from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, to_device
+from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_pool_fits, to_device
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
 from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, tree_mask, wide_bucket
@@ -185,6 +186,8 @@ class FastLlamaLM(CausalLM):
     def new_cache(self, num_slots: int, capacity: int) -> StaticKVPool:
         # One scratch column past ``capacity`` takes the writes of padding cells.
         shape = (num_slots, self.num_kv_heads, capacity + 1, self.head_dim)
+        check_pool_fits(2 * len(self.layers) * math.prod(shape) * self.dtype.itemsize, num_slots, capacity,
+                        self.device, self.name)
 
         def zeros() -> list[torch.Tensor]:
             return [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]

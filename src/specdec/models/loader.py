@@ -137,7 +137,20 @@ def load_causal_lm(
         raise SpecDecError(f"the fast backend cannot run {name!r}: {reason}")
     if backend == "fast" or (backend == "auto" and reason is None):
         return FastLlamaLM(model, name, use_cuda_graphs=not enforce_eager)
-    return HFCausalLM(model, name)
+    why = f"the fast backend does not run it: {reason}" if backend == "auto" else "backend 'hf' was chosen"
+    return HFCausalLM(model, name, backend_reason=why)
+
+
+def backend_line(lm: CausalLM) -> str:
+    """One line saying which backend runs ``lm`` and why, e.g. ``backend: fast (float32)`` or
+    ``backend: hf (transformers' forward, float32): the fast backend does not run it: model type ...``."""
+    dtype = str(lm.dtype).removeprefix("torch.")
+    if isinstance(lm, HFCausalLM):
+        line = f"backend: hf (transformers' forward, {dtype})"
+        if lm.replay:
+            line += ", recurrent state re-fed on rollback"
+        return f"{line}: {lm.backend_reason}" if lm.backend_reason else line
+    return f"backend: fast ({dtype})"
 
 
 def load_tokenizer(source: ModelSource, required: bool):

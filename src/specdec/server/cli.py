@@ -89,6 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from specdec.llm import LLM
+    from specdec.models.loader import backend_line
     from specdec.server.app import create_app
 
     template = None
@@ -119,8 +120,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.graceful_timeout)
-    print(f"specdec serve: {name!r} (target {model}; {what}; {llm.device}, max_num_seqs {llm.max_num_seqs}, "
-          f"max_model_len {llm.max_model_len}; auth {'on' if args.api_key else 'off'}) at "
+    print(f"specdec serve: {name!r} (target {model}; {backend_line(llm.target)}; {what}; {llm.device}, "
+          f"max_num_seqs {llm.max_num_seqs}, max_model_len {llm.max_model_len}; "
+          f"auth {'on' if args.api_key else 'off'}) at "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down: let that be a no-op, so a
     # graceful SIGTERM ends with status 0.
