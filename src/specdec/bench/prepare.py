@@ -21,6 +21,7 @@ from specdec.bench.methods import REFERENCE, MethodSpec, Runner
 from specdec.bench.summary import Calibration
 from specdec.bench.synthetic import SAME, SHAPES, random_questions
 from specdec.bench.workloads import Question, default_spec_bench_path, load_workload
+from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,8 @@ class Source:
     workload: str
     data: Path | None
     questions: list[Question]
+    shape: str | None = None
+    """With ``--shape``: what the inflated pair is (the shape, parameter counts, that it is inflated)."""
 
     @property
     def has_draft(self) -> bool:
@@ -76,6 +79,19 @@ def resolve_source(args: argparse.Namespace) -> Source:
         questions = random_questions(args.num_prompts)
         return Source(None, args.synthetic, None, draft_synthetic, draft_is_target, "random", None, questions)
     target, draft, embedded = args.model, args.draft_model, False
+    shape = getattr(args, "shape", None)
+    if shape is not None:
+        given = [flag for flag, value in (("--model", args.model), ("--draft-model", args.draft_model),
+                                          ("--synthetic", args.synthetic)) if value is not None]
+        if given:
+            raise SpecDecError(f"--shape runs the embedded pair inflated to {shape}; drop {', '.join(given)}")
+        from specdec.inflate.pair import cached_pair
+
+        pair = cached_pair(shape, args.shape_cache)
+        target, draft, embedded = str(pair.target), str(pair.draft), True
+        shape = pair.describe()
+    elif getattr(args, "shape_cache", None) is not None:
+        raise SpecDecError("--shape-cache needs --shape")
     if target is None:
         from specdec.assets import require_default_pair
 
@@ -88,7 +104,7 @@ def resolve_source(args: argparse.Namespace) -> Source:
     categories = split_names(args.categories) if args.categories else None
     data = default_spec_bench_path() if args.data is None and workload == "spec_bench" else args.data
     questions = load_workload(workload, data, categories, args.num_prompts)
-    return Source(target, None, draft, None, draft_is_target, workload, data, questions)
+    return Source(target, None, draft, None, draft_is_target, workload, data, questions, shape)
 
 
 def _load_models(
@@ -224,6 +240,7 @@ def load_bench(
     param_bytes = parameter_bytes(target)
     calibration = _calibrate(runners, reference, context, source, args, param_bytes, bandwidth)
     info = {
+        "shape": source.shape,
         "target": source.target or f"synthetic {source.synthetic} ({SHAPES[source.synthetic].description})",
         "draft": "the target itself" if source.draft_is_target else _draft_name(source),
         "workload": source.workload,

@@ -4,7 +4,8 @@ pair) to a target shape and its draft shape, and the cache of inflated embedded 
 
 The cache lives in ``$SPECDEC_SHAPES_DIR`` (default ``$XDG_CACHE_HOME/specdec/shapes``, else
 ``~/.cache/specdec/shapes``), one folder per shape and content key (a hash of the source files and
-the shapes), built once into a temporary folder and renamed into place, then reused.
+the shapes), built once into a temporary folder and renamed into place, then reused. torch is
+imported when a pair is built, so that the CLI can name the cache without it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec.errors import SpecDecError
-from specdec.inflate.checkpoint import inflate_checkpoint
-from specdec.inflate.heads import inflate_heads
 from specdec.shapes import TARGET_SHAPES, get_shape
 
 CACHE_ENV = "SPECDEC_SHAPES_DIR"
@@ -51,9 +50,13 @@ class InflatedPair:
 
     def describe(self) -> str:
         """One line for reports: the shape, the parameter counts, and that the weights are inflated."""
-        return (f"shape {self.shape}: the embedded pair inflated (function-preserving zero padding) to "
-                f"{self.target_parameters / 1e9:.2f}B target / {self.draft_parameters / 1e6:.0f}M draft "
-                f"({self.draft_shape}) parameters")
+        return (f"{self.shape}, the embedded pair inflated with zero padding (same logits): target "
+                f"{_count(self.target_parameters)}, draft {_count(self.draft_parameters)} ({self.draft_shape}) "
+                "parameters")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
 def default_source() -> Path:
@@ -68,6 +71,9 @@ def inflate_pair(source: str | os.PathLike[str], dest: str | os.PathLike[str], s
     """Inflate the pair folder ``source`` (``target/``, optional ``draft/``, optional ``heads/<method>/``
     trained for the target) into ``dest``: the target to ``shape``, the draft to the shape's draft shape,
     every head folder along with the target (:func:`~specdec.inflate.heads.inflate_heads`)."""
+    from specdec.inflate.checkpoint import inflate_checkpoint
+    from specdec.inflate.heads import inflate_heads
+
     src, out = Path(source), Path(dest)
     target_shape = get_shape(shape)
     if target_shape.draft is None:
