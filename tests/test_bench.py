@@ -529,7 +529,7 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
     assert all(m["prompt_tokens"] == 16 for m in report["measurements"])
     calibration = report["calibration"]
     assert set(calibration["forward_seconds"]) == {"1", "3"}
-    assert calibration["min_step_seconds"] == pytest.approx(report["info"]["parameter bytes"] / 1e9)
+    assert calibration["min_step_seconds"] == pytest.approx(report["info"]["bytes read per step"] / 1e9)
     overall = {(r["batch_size"], r["label"]): r for r in report["summary"] if r["category"] == "overall"}
     assert overall[1, "draft_model k=2"]["alpha"] == 1.0
     ideal = calibration["ideal_ratios"]["draft_model k=2"]

@@ -225,6 +225,10 @@ def test_bench_shape_tiny_smoke(tmp_path):
     info = json.loads((out / "bench.json").read_text())["info"]
     assert info["shape"].startswith("tiny, the embedded pair inflated") and "tiny" in info["target"]
     assert "inflated" in (out / "bench.md").read_text().split("## Overall")[0]
+    assert info["measured read bandwidth GB/s"] > 0 and info["bandwidth GB/s"] == info["measured read bandwidth GB/s"]
+    assert info["bytes read per step"] > info["KV bytes per step"] > 0
+    summary = json.loads((out / "bench.json").read_text())["summary"]
+    assert all(r["roofline"] > 0 for r in summary if r["label"] == "plain")
 
 
 def test_inflate_cli_writes_a_pair_and_a_checkpoint(tmp_path, capsys):

@@ -191,8 +191,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--bandwidth-gbs",
         type=float,
         default=None,
-        help="device memory bandwidth in GB/s for the roofline column of plain decoding (default: looked up "
-        "from the CUDA device name for H100 and H200; no column on CPU or an unknown GPU)",
+        help="device memory bandwidth in GB/s for the roofline column of plain decoding (default: measured by "
+        "a read probe on the bench's threads, or a read kernel on a GPU)",
     )
     run.add_argument(
         "--out",
