@@ -10,6 +10,7 @@ imported when a pair is built, so that the CLI can name the cache without it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -103,8 +104,10 @@ def cache_dir() -> Path:
 
 
 def _content_key(source: Path, shape: str) -> str:
-    """A hash of every file of ``source`` (names and bytes), the shapes and :data:`FORMAT`."""
-    digest = hashlib.sha256(f"{FORMAT} {get_shape(shape)} {get_shape(get_shape(shape).draft or shape)}".encode())
+    """A hash of every file of ``source`` (names and bytes), the shapes' dimensions and :data:`FORMAT`."""
+    target = get_shape(shape)
+    dims = [dataclasses.replace(s, description="") for s in (target, get_shape(target.draft or shape))]
+    digest = hashlib.sha256(f"{FORMAT} {dims}".encode())
     for file in sorted(p for p in source.rglob("*") if p.is_file()):
         digest.update(str(file.relative_to(source)).encode())
         with file.open("rb") as f:
