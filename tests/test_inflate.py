@@ -276,3 +276,18 @@ def test_bad_cli_inputs_exit_2(tmp_path, gpt2_dir, argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith("specdec ") and "Traceback" not in "".join(err)
+
+
+def test_every_target_shape_holds_the_embedded_pair():
+    from transformers import AutoConfig
+
+    from specdec.shapes import TARGET_SHAPES
+
+    target, draft = (AutoConfig.from_pretrained(DEFAULT_PAIR_DIR / name) for name in ("target", "draft"))
+    assert set(TARGET_SHAPES) == {"1b", "3b", "8b", "tiny"}
+    for name in TARGET_SHAPES:
+        layout = layout_for(target, SHAPES[name], name)
+        draft_layout = layout_for(draft, SHAPES[SHAPES[name].draft], SHAPES[name].draft)
+        assert layout.layer_at[-1] == layout.dst.layers - 1 and draft_layout.dst.head_dim == 64
+    eight = layout_for(target, SHAPES["8b"], "8b").dst
+    assert (eight.heads, eight.kv_heads, eight.kv_heads * eight.head_dim) == (64, 16, 1024)  # the real KV width
