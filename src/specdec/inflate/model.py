@@ -89,6 +89,8 @@ def _split_layers(state: Mapping[str, torch.Tensor]) -> tuple[Tensors, dict[int,
     layers: dict[int, dict[str, torch.Tensor]] = {}
     prefix = "model.layers."
     for name, tensor in state.items():
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed from the config
+            continue
         match = _LAYER.match(name)
         if match is None:
             others[name] = tensor
@@ -137,9 +139,9 @@ def inflate_config(config: Any, layout: Layout) -> Any:
         for i, position in enumerate(layout.layer_at):
             mapped[position] = types[i]
         new.layer_types = mapped
-    if getattr(config, "max_window_layers", None) is not None:
-        new.max_window_layers = dst.layers if config.max_window_layers >= config.num_hidden_layers else \
-            layout.layer_at[config.max_window_layers - 1] + 1 if config.max_window_layers > 0 else 0
+    if getattr(config, "max_window_layers", None) is not None:  # Qwen2: the first layers, mapped
+        kept = min(config.max_window_layers, config.num_hidden_layers)
+        new.max_window_layers = layout.layer_at[kept - 1] + 1 if kept else 0
     return new
 
 
