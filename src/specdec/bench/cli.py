@@ -47,6 +47,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         "--shape-cache",
         type=Path,
         default=None,
+        metavar="DIR",
         help=f"with --shape, where inflated pairs are kept (default ${CACHE_ENV}, else ~/.cache/specdec/shapes)",
     )
     models.add_argument(
