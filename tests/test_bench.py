@@ -470,12 +470,12 @@ def test_synthetic_shapes_have_the_real_parameter_counts():
     with torch.device("meta"):
         one = LlamaForCausalLM(synthetic_config("1b"))
         eight = LlamaForCausalLM(synthetic_config("8b"))
-        draft = LlamaForCausalLM(synthetic_config("tiny", vocab_size=128256))
-    assert sum(p.numel() for p in one.parameters()) == 1_100_048_384  # TinyLlama-1.1B
+        draft = LlamaForCausalLM(synthetic_config("1b-2l", vocab_size=128256))
+    assert sum(p.numel() for p in one.parameters()) == 1_123_117_056  # TinyLlama-1.1B with 8 KV heads
     assert sum(p.numel() for p in eight.parameters()) == 8_030_261_248  # Llama-3-8B
     assert draft.config.vocab_size == 128256 and draft.config.num_hidden_layers == 2
     with pytest.raises(SpecDecError):
-        synthetic_config("3b")
+        synthetic_config("2b")
 
 
 def test_build_synthetic_fills_weights_on_the_device_in_its_dtype():
@@ -529,7 +529,7 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
     assert all(m["prompt_tokens"] == 16 for m in report["measurements"])
     calibration = report["calibration"]
     assert set(calibration["forward_seconds"]) == {"1", "3"}
-    assert calibration["min_step_seconds"] == pytest.approx(report["info"]["parameter bytes"] / 1e9)
+    assert calibration["min_step_seconds"] == pytest.approx(report["info"]["bytes read per step"] / 1e9)
     overall = {(r["batch_size"], r["label"]): r for r in report["summary"] if r["category"] == "overall"}
     assert overall[1, "draft_model k=2"]["alpha"] == 1.0
     ideal = calibration["ideal_ratios"]["draft_model k=2"]

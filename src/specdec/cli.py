@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate``, ``train`` and ``bench``.
+"""The ``specdec`` command line: ``generate``, ``train``, ``bench``, ``serve``, ``verify``, ``inflate``.
 
 Each sub-command lives in its own module and registers itself with :func:`build_parser`.
 Any :class:`~specdec.errors.SpecDecError` (a bad input) is printed as one line and the
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec import __version__
     from specdec.bench.cli import register as register_bench
     from specdec.generate_cli import register as register_generate
+    from specdec.inflate.cli import register as register_inflate
     from specdec.server.cli import register as register_serve
     from specdec.server.loadgen import register as register_bench_serve
     from specdec.train.cli import register as register_train
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub)
     register_bench_serve(sub)
     register_verify(sub)
+    register_inflate(sub)
     return parser
 
 

@@ -17,7 +17,9 @@ from specdec.bench.prepare import load_bench, resolve_source, split_names
 from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
 from specdec.errors import SpecDecError
+from specdec.inflate.pair import CACHE_ENV
 from specdec.jsonl import json_object
+from specdec.shapes import TARGET_SHAPES
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -33,6 +35,20 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         help="instead of --model, a random-weight Llama target of a real shape, built on the device, no "
         "tokenizer (prompts are random token ids): "
         + "; ".join(f"{name}: {shape.description}" for name, shape in SHAPES.items()),
+    )
+    models.add_argument(
+        "--shape",
+        choices=list(TARGET_SHAPES),
+        metavar="SHAPE",
+        help="instead of --model, the embedded pair and its heads inflated to a real shape with the same logits "
+        f"({', '.join(TARGET_SHAPES)}; docs/shapes.md), built once into --shape-cache",
+    )
+    models.add_argument(
+        "--shape-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"with --shape, where inflated pairs are kept (default ${CACHE_ENV}, else ~/.cache/specdec/shapes)",
     )
     models.add_argument(
         "--draft-synthetic",
@@ -176,8 +192,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--bandwidth-gbs",
         type=float,
         default=None,
-        help="device memory bandwidth in GB/s for the roofline column of plain decoding (default: looked up "
-        "from the CUDA device name for H100 and H200; no column on CPU or an unknown GPU)",
+        help="device memory bandwidth in GB/s for the roofline column of plain decoding (default: measured by "
+        "a read probe on the bench's threads, or a read kernel on a GPU)",
     )
     run.add_argument(
         "--out",

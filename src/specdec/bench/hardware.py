@@ -1,8 +1,11 @@
 """What the hardware allows, measured beside the benchmark runs.
 
-- the device's memory bandwidth (a small table keyed by the CUDA device name, or a flag) and a
-  model's parameter bytes, whose ratio is the least time of one decoding step: plain decoding
-  reads every weight once per step (KV reads are left out of this approximation);
+- the device's memory read bandwidth, measured (:func:`measure_read_bandwidth_gbs`: a reduction over a
+  buffer far beyond the last-level cache on the threads the bench uses, or a read kernel on a GPU;
+  best of a few), beside the spec-sheet figure of known GPUs (:func:`device_bandwidth_gbs`);
+- the bytes one plain decoding step reads (:func:`step_read_bytes`: every weight a forward reads, the
+  output head included, and the KV cache at a context length), whose ratio to the bandwidth is the
+  least time of a step: the roofline;
 - :func:`forward_seconds`: the time of one target forward over ``n`` new tokens at batch 1 after a
   cached context, on the model contract (own one-slot pool, rolled back between trials);
 - the cost ratio c measured directly, and the ideal speedup of a draft equal to the target.
@@ -47,6 +50,56 @@ def device_bandwidth_gbs(device: torch.device) -> float | None:
 def parameter_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters (tied weights counted once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+CPU_PROBE_BYTES = 512 * 2**20
+"""The CPU probe's buffer: far beyond any last-level cache."""
+GPU_PROBE_BYTES = 2 * 2**30
+
+
+def measure_read_bandwidth_gbs(device: torch.device, num_bytes: int | None = None, trials: int = 5) -> float:
+    """The memory read bandwidth of ``device`` in GB/s, measured: the best of ``trials`` sums over a float32
+    buffer of ``num_bytes`` (default :data:`CPU_PROBE_BYTES` / :data:`GPU_PROBE_BYTES`) after one warm-up, on
+    the CPU with the threads torch uses now (those the bench runs on), on a GPU timed with CUDA events."""
+    size = num_bytes or (GPU_PROBE_BYTES if device.type == "cuda" else CPU_PROBE_BYTES)
+    buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for trial in range(trials + 1):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            buffer.sum()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            tic = time.perf_counter()
+            buffer.sum()
+            seconds = time.perf_counter() - tic
+        if trial:
+            best = min(best, seconds)
+    read = buffer.numel() * buffer.element_size()
+    del buffer
+    return read / best / 1e9
+
+
+def step_read_bytes(model: torch.nn.Module, context_len: int) -> tuple[int, int]:
+    """``(weight bytes, KV bytes)`` one plain decoding step of a transformers causal LM reads at batch 1:
+    every parameter but an untied input embedding (of which it reads one row), so the output head is
+    counted, and the keys and values of ``context_len`` cached tokens in every layer (model dtype)."""
+    weights = parameter_bytes(model)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and embed.weight is not head.weight:
+        weights -= (embed.weight.shape[0] - 1) * embed.weight[0].numel() * embed.weight.element_size()
+    config = model.config
+    heads = getattr(config, "num_attention_heads", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not heads or not layers:
+        return weights, 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return weights, 2 * layers * kv_heads * head_dim * context_len * element
 
 
 def synchronize(device: torch.device) -> None:

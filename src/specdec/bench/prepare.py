@@ -5,7 +5,7 @@ draft: a folder, a synthetic shape, the target itself or none; the workload's qu
 loading a model, so that bad input fails fast. :func:`load_bench` then loads or builds the models
 on the device, builds one runner per method, and measures what the summary needs beside the runs:
 direct cost ratios (``--cost-ratio direct``), the ideal ratio of a draft equal to the target, and
-the roofline's least step time (parameter bytes / memory bandwidth).
+the roofline's least step time (bytes a plain step reads / the measured memory read bandwidth).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from specdec.bench.methods import REFERENCE, MethodSpec, Runner
 from specdec.bench.summary import Calibration
 from specdec.bench.synthetic import SAME, SHAPES, random_questions
 from specdec.bench.workloads import Question, default_spec_bench_path, load_workload
+from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,8 @@ class Source:
     workload: str
     data: Path | None
     questions: list[Question]
+    shape: str | None = None
+    """With ``--shape``: what the inflated pair is (the shape, parameter counts, that it is inflated)."""
 
     @property
     def has_draft(self) -> bool:
@@ -76,6 +79,19 @@ def resolve_source(args: argparse.Namespace) -> Source:
         questions = random_questions(args.num_prompts)
         return Source(None, args.synthetic, None, draft_synthetic, draft_is_target, "random", None, questions)
     target, draft, embedded = args.model, args.draft_model, False
+    shape = getattr(args, "shape", None)
+    if shape is not None:
+        given = [flag for flag, value in (("--model", args.model), ("--draft-model", args.draft_model),
+                                          ("--synthetic", args.synthetic)) if value is not None]
+        if given:
+            raise SpecDecError(f"--shape runs the embedded pair inflated to {shape}; drop {', '.join(given)}")
+        from specdec.inflate.pair import cached_pair
+
+        pair = cached_pair(shape, args.shape_cache)
+        target, draft, embedded = str(pair.target), str(pair.draft), True
+        shape = pair.describe()
+    elif getattr(args, "shape_cache", None) is not None:
+        raise SpecDecError("--shape-cache needs --shape")
     if target is None:
         from specdec.assets import require_default_pair
 
@@ -88,7 +104,7 @@ def resolve_source(args: argparse.Namespace) -> Source:
     categories = split_names(args.categories) if args.categories else None
     data = default_spec_bench_path() if args.data is None and workload == "spec_bench" else args.data
     questions = load_workload(workload, data, categories, args.num_prompts)
-    return Source(target, None, draft, None, draft_is_target, workload, data, questions)
+    return Source(target, None, draft, None, draft_is_target, workload, data, questions, shape)
 
 
 def _load_models(
@@ -144,7 +160,7 @@ def _calibrate(
     context: list[int],
     source: Source,
     args: argparse.Namespace,
-    param_bytes: int,
+    step_bytes: int,
     bandwidth_gbs: float | None,
 ) -> Calibration:
     from specdec.bench.hardware import direct_cost_ratio, draft_equals_target_ideals
@@ -159,7 +175,7 @@ def _calibrate(
         seconds, ideals = draft_equals_target_ideals(reference.target, context, ks)
         calibration.forward_seconds, calibration.ideal_ratios = seconds, ideals
     if bandwidth_gbs:
-        calibration.min_step_seconds = param_bytes / (bandwidth_gbs * 1e9)
+        calibration.min_step_seconds = step_bytes / (bandwidth_gbs * 1e9)
     return calibration
 
 
@@ -188,7 +204,12 @@ def load_bench(
     settings' context window, and measure the calibration."""
     from transformers.utils import logging as hf_logging
 
-    from specdec.bench.hardware import device_bandwidth_gbs, parameter_bytes
+    from specdec.bench.hardware import (
+        device_bandwidth_gbs,
+        measure_read_bandwidth_gbs,
+        parameter_bytes,
+        step_read_bytes,
+    )
     from specdec.bench.runners import RunnerOptions, SpecDecRunner, build_runners
     from specdec.bench.synthetic import RandomTokenPrompts
     from specdec.bench.workloads import PromptBuilder
@@ -220,10 +241,13 @@ def load_bench(
     first = prompts.build(source.questions[0].turns[:1], [])
     longest = _longest(ks) + 1
     context = first[-min(DIRECT_COST_CONTEXT, settings.context_window - longest) :]
-    bandwidth = args.bandwidth_gbs or device_bandwidth_gbs(device)
+    measured = None if args.bandwidth_gbs else measure_read_bandwidth_gbs(device)
+    bandwidth = args.bandwidth_gbs or measured
     param_bytes = parameter_bytes(target)
-    calibration = _calibrate(runners, reference, context, source, args, param_bytes, bandwidth)
+    weight_bytes, kv_bytes = step_read_bytes(target, len(first) + args.max_tokens // 2)
+    calibration = _calibrate(runners, reference, context, source, args, weight_bytes + kv_bytes, bandwidth)
     info = {
+        "shape": source.shape,
         "target": source.target or f"synthetic {source.synthetic} ({SHAPES[source.synthetic].description})",
         "draft": "the target itself" if source.draft_is_target else _draft_name(source),
         "workload": source.workload,
@@ -233,7 +257,11 @@ def load_bench(
         "backend": args.backend,
         "max model len": reference.max_model_len,
         "parameter bytes": param_bytes,
-        "bandwidth GB/s": bandwidth,
+        "bytes read per step": weight_bytes + kv_bytes,
+        "KV bytes per step": kv_bytes,
+        "bandwidth GB/s": round(bandwidth, 1),
+        "measured read bandwidth GB/s": None if measured is None else round(measured, 1),
+        "spec-sheet bandwidth GB/s": device_bandwidth_gbs(device),
         **_environment(device, target.dtype),
     }
     return Bench(runners, prompts, calibration, info)

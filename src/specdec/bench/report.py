@@ -34,8 +34,10 @@ NOTES = (
     "inner α (cascade) = the middle model's accepted / the small model's drafted tokens (α is then the target's "
     "acceptance of the middle model's tokens); auto k = the auto-k policy's mean k over request steps, and the "
     "share of steps it drafted nothing for the request (only columns some row fills are shown).",
-    "roofline (plain decoding, when the memory bandwidth is known) = parameter bytes × steps/s / bandwidth, "
-    "a step emitting one token per request; KV-cache reads are left out.",
+    "roofline (plain decoding) = bytes read per step × steps/s / bandwidth, a step emitting one token per "
+    "request; bytes read per step = every weight a forward reads (the output head included) + the KV cache at "
+    "batch 1 (the first prompt's length + half the output); bandwidth = measured by a read probe on the bench's "
+    "threads (a GPU's spec sheet figure is listed beside it), or --bandwidth-gbs.",
     "ideal (draft equal to the target, batch 1) = (k+1) / (k + t(k+1)/t(1)), t(n) the median time of one "
     "n-token target forward.",
     "transformers peers expose no step metrics: τ, α and c are left blank.",

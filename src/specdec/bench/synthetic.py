@@ -11,38 +11,18 @@ torch and transformers are imported when a model is built, so that the CLI can l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specdec.bench.workloads import Question
 from specdec.errors import SpecDecError
+from specdec.shapes import SHAPES as SHAPES  # re-exported: the --synthetic choices
+from specdec.shapes import get_shape
 
 if TYPE_CHECKING:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A Llama shape; a draft built from it takes the target's vocabulary and context instead."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    rope_theta: float
-    description: str
-
-
-SHAPES: dict[str, Shape] = {
-    "1b": Shape(2048, 22, 32, 4, 5632, 32000, 2048, 10000.0, "TinyLlama-1.1B (1.1B parameters)"),
-    "8b": Shape(4096, 32, 32, 8, 14336, 128256, 8192, 500000.0, "Llama-3-8B (8.0B parameters)"),
-    "tiny": Shape(2048, 2, 32, 4, 5632, 32000, 2048, 10000.0, "2 layers of the 1b width (a draft)"),
-    "test": Shape(64, 2, 4, 2, 128, 512, 512, 10000.0, "0.1M parameters, for smoke tests"),
-}
 SAME = "same"
 """``--draft-synthetic same``: the target is its own draft."""
 
@@ -52,9 +32,7 @@ def synthetic_config(shape: str, vocab_size: int | None = None, max_positions: i
     draft takes its target's)."""
     from transformers import LlamaConfig
 
-    if shape not in SHAPES:
-        raise SpecDecError(f"unknown synthetic shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    s = SHAPES[shape]
+    s = get_shape(shape)
     return LlamaConfig(
         vocab_size=vocab_size or s.vocab_size,
         hidden_size=s.hidden_size,
@@ -62,6 +40,7 @@ def synthetic_config(shape: str, vocab_size: int | None = None, max_positions: i
         num_hidden_layers=s.num_layers,
         num_attention_heads=s.num_heads,
         num_key_value_heads=s.num_kv_heads,
+        head_dim=s.head_dim,
         max_position_embeddings=max_positions or s.max_position_embeddings,
         rope_theta=s.rope_theta,
         tie_word_embeddings=False,

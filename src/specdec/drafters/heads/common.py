@@ -129,19 +129,23 @@ def _train_command(method: str) -> str:
 
 
 def resolve_folder(model: Any, method: str, lm_head: torch.Tensor, target_name: str) -> Path:
-    """The head folder to load: ``model``, or with none the embedded heads of ``method`` when they were
-    trained for this target."""
+    """The head folder to load: ``model``, or with none the heads of ``method`` trained for this target
+    found in ``heads/<method>`` beside the target's folder (a pair folder, as ``specdec inflate`` writes)
+    or among the embedded heads."""
     if model is not None:
         folder = Path(model)
         if not (folder / CONFIG_FILE).is_file():
             raise SpecDecError(f"{_user(method)}: {str(folder)!r} is not a folder of heads (no {CONFIG_FILE})")
         return folder
-    folder = HEADS_DIR / method
-    if (folder / CONFIG_FILE).is_file() and HeadSpec.load(folder).target_fingerprint == fingerprint(lm_head):
-        return folder
+    candidates = [HEADS_DIR / method]
+    if Path(target_name).is_dir():  # a pair folder's layout: target/, heads/<method>/
+        candidates.insert(0, Path(target_name).parent / "heads" / method)
+    for folder in candidates:
+        if (folder / CONFIG_FILE).is_file() and HeadSpec.load(folder).target_fingerprint == fingerprint(lm_head):
+            return folder
     raise SpecDecError(f"{_user(method)} needs a 'model': a folder of heads trained for the target "
-                       f"{target_name!r} (`{_train_command(method)} --target ...`); embedded heads exist only for "
-                       "the embedded target")
+                       f"{target_name!r} (`{_train_command(method)} --target ...`); none was found in heads/{method} "
+                       "beside the target's folder or among the embedded heads")
 
 
 def load_spec_and_state(folder: Path, method: str, lm_head: torch.Tensor,
