@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     announce(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = ["specdec", *argv]  # what a report records as its command
     try:
         return int(args.func(args) or 0)
     except SpecDecError as exc:

@@ -6,6 +6,7 @@ torch, transformers and matplotlib are imported inside the handler so that the C
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -361,7 +362,8 @@ def run_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
     bench = load_bench(source, specs, args, settings, ks)
     result = run_benchmark(bench.runners, source.questions, bench.prompts, settings, bench.calibration)
-    result.info = bench.info
+    command = getattr(args, "command_line", None)
+    result.info = {"command": shlex.join(command) if command else None, **bench.info}
     print(to_markdown(result))
     written = write_report(result, args.out, plots=plots)
     print("specdec bench: wrote " + ", ".join(str(path) for path in written.values()), file=sys.stderr)

@@ -250,7 +250,8 @@ def build_runners(
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:
         drafter = DRAFTERS[method]
         if drafter.composite:  # its candidates: the run's other speculative methods it takes, at the same k
-            others = sorted({s.method for s in specs if s.kind.speculative and not DRAFTERS[s.method].composite})
+            others = sorted({s.method for s in specs
+                             if s.kind.speculative and not s.kind.peer and not DRAFTERS[s.method].composite})
             candidates = [config(m, k if k != "auto" else DEFAULT_MAX_SPECULATIVE_TOKENS, 1) for m in others]
             candidates = [c for c in candidates if _takes_candidate(method, c)]
             if not candidates:
