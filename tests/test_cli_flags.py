@@ -102,3 +102,19 @@ def test_bench_speculative_config_runs_under_its_method():
         _speculative_config(args, ["suffix"], {"suffix": {}}, given=True)
     with pytest.raises(SpecDecError, match="needs a 'method'"):
         _speculative_config(_parse("bench", "--speculative-config", "{}"), [], {}, given=False)
+
+
+def test_a_line_before_the_slow_imports_on_a_terminal_only(capsys, monkeypatch):
+    import sys
+
+    from specdec.cli import announce
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    announce(["generate", "x"])
+    assert capsys.readouterr().err == ""  # under a pipe a bad input stays one line
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    announce(["generate", "x", "--help"])
+    announce(["--version"])
+    assert capsys.readouterr().err == ""
+    announce(["generate", "x"])
+    assert "importing torch" in capsys.readouterr().err
