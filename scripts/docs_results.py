@@ -3,7 +3,8 @@ benchmark files in ``docs/results/``.
 
 Each ``docs/results/<name>.json`` is a ``bench.json`` exactly as ``specdec bench`` writes it (its
 ``info.command`` is the command that made it). A file's group is its ``info.shape`` when the bench
-recorded one (``specdec bench --shape 1b``), else ``embedded`` for the embedded pair. Adding a
+recorded one (``specdec bench --shape 1b``), else the file name's first word when it is a group
+(``1b-h100.json``), else ``embedded`` for the embedded pair. Adding a
 measurement is adding a file and running this script; ``tests/test_docs.py`` fails when the page or
 the README's table differs from what the files say.
 
@@ -38,10 +39,15 @@ def load(folder: Path = RESULTS) -> list[tuple[str, dict[str, Any]]]:
     return [(path.stem, json.loads(path.read_text(encoding="utf-8"))) for path in sorted(folder.glob("*.json"))]
 
 
-def group_of(bench: dict[str, Any]) -> str:
+def group_of(bench: dict[str, Any], name: str = "") -> str:
+    """``info.shape`` when the bench recorded one, else the file name's first word when it names a group
+    (``1b-h100.json``), else ``embedded`` for the embedded pair, else ``other``."""
     info = bench.get("info", {})
     if info.get("shape"):
         return str(info["shape"])
+    prefix = name.split("-", 1)[0]
+    if prefix in GROUPS:
+        return prefix
     return "embedded" if "default_pair" in str(info.get("target", "")) else "other"
 
 
@@ -101,7 +107,7 @@ def render_page(results: list[tuple[str, dict[str, Any]]]) -> str:
         "",
     ]
     for group, title in [*GROUPS.items(), ("other", "other models")]:
-        files = [(n, b) for n, b in results if group_of(b) == group]
+        files = [(n, b) for n, b in results if group_of(b, n) == group]
         out += [f"## {title[0].upper()}{title[1:]}", ""]
         if not files:
             out += ["No results file in this group yet.", ""]
@@ -116,7 +122,7 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's results table: one row group per shape, each row linked to its results-page row."""
     out = ["| shape | method | tokens/s | speedup vs plain | τ |", "| --- | --- | --- | --- | --- |"]
     for group, title in GROUPS.items():
-        files = [(n, b) for n, b in results if group_of(b) == group]
+        files = [(n, b) for n, b in results if group_of(b, n) == group]
         if not files:
             out.append(f"| **{title}** | *not measured yet: `docs/results/` has no file for it* | | | |")
             continue
@@ -142,7 +148,7 @@ def readme_with_table(readme: str, table: str, results: list[tuple[str, dict[str
 
     def speedup(match: re.Match) -> str:
         label = match.group(1)
-        for name, bench in reversed([(n, b) for n, b in results if group_of(b) == "embedded"]):
+        for name, bench in reversed([(n, b) for n, b in results if group_of(b, n) == "embedded"]):
             row = next((r for r in overall_rows(bench) if r["label"] == label and r["speedup"] is not None), None)
             if row is not None:
                 return (f"<!-- speedup:{label} --> [{_num(row['speedup'], 2, 'x')}]"

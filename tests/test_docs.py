@@ -55,3 +55,21 @@ def test_results_grouping_by_shape():
     assert results.group_of({"info": {"shape": "1b", "target": "x"}}) == "1b"
     assert results.group_of({"info": {"target": "/p/specdec/assets/default_pair/target"}}) == "embedded"
     assert results.anchor("embedded-pair-cpu", "draft_model k=4") == "embedded-pair-cpu-draft-model-k-4"
+    assert results.group_of({"info": {"target": "inflated"}}, "1b-h100") == "1b"
+    assert results.group_of({"info": {"target": "elsewhere"}}, "llama") == "other"
+
+
+def test_a_1b_results_file_fills_its_row_group():
+    results = _script("docs_results")
+    row = {"label": "draft_model k=4", "category": "overall", "batch_size": 1, "tokens_per_second": 120.0,
+           "speedup": 1.5, "tau": 3.0, "alpha": 0.6, "cost_ratio": 0.1, "mismatches": 0, "checked": 4, "ties": 1}
+    bench = {"info": {"shape": "1b", "command": "specdec bench --shape 1b", "dtype": "bfloat16",
+                      "device name": "GPU"},
+             "settings": {"max_tokens": 8, "temperature": 0.0, "batch_sizes": [1], "seeds": [0], "repeats": 1,
+                          "warmup": 1},
+             "summary": [{**row, "label": "plain", "speedup": 1.0}, row]}
+    table = results.render_readme_table([("1b-gpu", bench)])
+    assert "[draft_model k=4](docs/results.md#1b-gpu-draft-model-k-4) | 120.0 | 1.50x | 3.00 |" in table
+    assert "embedded pair" in table and "not measured yet" in table  # the other group says it has no file
+    page = results.render_page([("1b-gpu", bench)])
+    assert 'id="1b-gpu-draft-model-k-4"' in page and "3/4 equal, 1 ties" in page
