@@ -64,10 +64,29 @@ def overall_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in bench["summary"] if r["category"] == OVERALL]
 
 
+UNRELIABLE_SPREAD = 1.5
+"""Above this spread of plain decoding's tokens/s across prompts ``specdec bench`` calls timings unreliable."""
+
+
+def plain_spread(bench: dict[str, Any]) -> float | None:
+    """How much plain decoding's tokens/s varied across prompts (max / min), when the bench measured it."""
+    plain = next((r for r in overall_rows(bench) if r["label"] == "plain"), None)
+    return None if plain is None else plain.get("tokens_per_second_spread")
+
+
+def _noise(bench: dict[str, Any]) -> str:
+    spread = plain_spread(bench)
+    if spread is None:
+        return "plain decoding's spread across prompts not recorded"
+    verdict = "noisy: a busy machine" if spread > UNRELIABLE_SPREAD else "steady"
+    return f"plain decoding's tokens/s varied {spread:.1f}x across prompts ({verdict})"
+
+
 def _conditions(bench: dict[str, Any]) -> list[str]:
     info, settings = bench["info"], bench["settings"]
     device = info.get("device name") or info.get("device")
     return [
+        f"- timing: {_noise(bench)}; the per-prompt median speedup is the steadier figure",
         f"- command: `{info.get('command') or 'not recorded'}`",
         f"- target `{Path(str(info.get('target'))).name}`, draft `{Path(str(info.get('draft'))).name}`, "
         f"{info.get('dtype')} on {device} ({info.get('cpu threads')} threads of {info.get('cpus')} CPUs), "
@@ -80,17 +99,23 @@ def _conditions(bench: dict[str, Any]) -> list[str]:
 
 
 def _table(name: str, bench: dict[str, Any]) -> list[str]:
-    rows = ["| method | batch | tokens/s | speedup vs plain | τ | α | c | greedy check |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| method | batch | tokens/s | speedup vs plain | per-prompt median (min–max) | τ | α | c | greedy check |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in overall_rows(bench):
         check = "–" if r["mismatches"] is None else (
             f"{r['checked'] - r['mismatches'] - (r['ties'] or 0)}/{r['checked']} equal"
             + (f", {r['ties']} ties" if r["ties"] else "")
             + (f", {r['mismatches']} MISMATCH" if r["mismatches"] else ""))
         rows.append(f"| <span id=\"{anchor(name, r['label'])}\"></span>{r['label']} | {r['batch_size']} | "
-                    f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_num(r['tau'])} | "
-                    f"{_num(r['alpha'])} | {_num(r['cost_ratio'])} | {check} |")
+                    f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_median(r)} | "
+                    f"{_num(r['tau'])} | {_num(r['alpha'])} | {_num(r['cost_ratio'])} | {check} |")
     return rows
+
+
+def _median(row: dict[str, Any]) -> str:
+    if row.get("speedup_median") is None:
+        return "–"
+    return f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}–{row['speedup_max']:.2f})"
 
 
 def render_page(results: list[tuple[str, dict[str, Any]]]) -> str:
@@ -129,8 +154,8 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
         for name, bench in files:
             info = bench["info"]
             device = info.get("device name") or f"{info.get('cpu threads')} CPU threads"
-            out.append(f"| **{title}**, {info.get('dtype')}, {device}, batch {bench['settings']['batch_sizes']} "
-                       f"| [`{name}`](docs/results.md#{anchor(name, 'plain')}) | | | |")
+            out.append(f"| **{title}**, {info.get('dtype')}, {device}, batch {bench['settings']['batch_sizes']}; "
+                       f"{_noise(bench)} | [`{name}`](docs/results.md#{anchor(name, 'plain')}) | | | |")
             for r in overall_rows(bench):
                 out.append(f"| | [{r['label']}](docs/results.md#{anchor(name, r['label'])}) | "
                            f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_num(r['tau'])} |")
