@@ -101,7 +101,7 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         "--num-candidates",
         type=int,
         default=1,
-        help="methods that propose trees (see the README) propose up to this many candidate "
+        help="methods that propose trees (see docs/methods.md) propose up to this many candidate "
         "continuations per step, k being the tree's node budget; chain methods ignore it (default 1: chains)",
     )
     group.add_argument(
