@@ -4,7 +4,7 @@
 
 On the embedded pair: the training split's token counts (what ``specdec train token-counts`` writes)
 ranked, then, for each draft vocabulary size, the share of the corpus's tokens and of the target's
-greedy continuations of held-out code prompts that fall inside it (docs/benchmarks.md, the draft
+greedy continuations of held-out code prompts that fall inside it (docs/lab-notes/2026-11-23.md, the draft
 vocabulary section).
 """
 

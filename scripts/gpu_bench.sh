@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/benchmarks.md, in one go (needs CUDA; about 10 minutes on an H100):
+# The GPU measurements of docs/lab-notes/2026-11-23.md, in one go (needs CUDA; about 10 minutes on an H100):
 # greedy equality eager vs graphed, forward costs and decoding rates of random 1.1B/8B shapes,
 # the embedded pair against transformers, a batch sweep, and the 1b shape's roofline and
 # draft-equals-target overhead. Reports go to $OUT (default gpu-results).

@@ -3,7 +3,7 @@
 import torch
 
 from specdec import LLM
-from specdec.drafters.draft_model import resolve_draft_dtype
+from specdec.drafters.draft_lm import resolve_draft_dtype
 
 CPU = torch.device("cpu")
 

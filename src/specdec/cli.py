@@ -1,4 +1,5 @@
-"""The ``specdec`` command line: ``generate``, ``train``, ``bench``, ``serve``, ``verify``, ``inflate``.
+"""The ``specdec`` command line: ``generate``, ``train``, ``bench``, ``serve``, ``bench-serve``, ``verify`` and
+``inflate``.
 
 Each sub-command lives in its own module and registers itself with :func:`build_parser`.
 Any :class:`~specdec.errors.SpecDecError` (a bad input) is printed as one line and the
@@ -47,9 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOADING_COMMANDS = ("generate", "train", "bench", "serve", "verify")
+"""Commands that import torch and transformers (about ten seconds) before they can say anything else."""
+
+
+def announce(argv: list[str]) -> None:
+    """On a terminal, one line before the slow imports of a command that runs, so that the first seconds
+    are not silent (not under a pipe, where stderr keeps its one-line errors)."""
+    if argv and argv[0] in LOADING_COMMANDS and not {"-h", "--help"} & set(argv) and sys.stderr.isatty():
+        print(f"specdec {argv[0]}: importing torch and transformers ...", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    announce(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = ["specdec", *argv]  # what a report records as its command
     try:
         return int(args.func(args) or 0)
     except SpecDecError as exc:

@@ -24,6 +24,9 @@ from specdec.jsonl import json_object, read_jsonl
 PLAIN = "none"
 DEFAULT_WITH_DRAFT = "draft_model"
 """The method used when a draft model is known and no --speculative-method is given."""
+AUTO_CANDIDATES = ("ngram", "suffix")
+"""The candidates of a composite method (auto) given by --speculative-method, beside the draft model when one
+is known."""
 
 
 class LazyChoices(Sequence_[str]):
@@ -73,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed warm-up generations (the first prompt, at most 8 tokens) before the timed one, "
+                   "so that tokens/s leaves out one-time costs; drafters forget what the warm-up taught them "
+                   "(default 1; 0: the figure includes them)")
     p.set_defaults(func=run)
 
 
@@ -90,21 +97,24 @@ def _k_value(text: str) -> int | str:
 
 def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> None:
     """The flags that build an ``LLM``: models, speculative method and its settings, dtype, device,
-    backend and pool size (``specdec generate`` and ``specdec verify``)."""
+    backend and pool size (``specdec generate``, ``specdec verify`` and ``specdec serve``). The flag names
+    are vLLM's; ``--draft-model``, ``--draft-dtype`` and ``--k`` are the same flags under the short names
+    ``specdec bench`` also takes."""
     p.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
-    p.add_argument("--speculative-model",
+    p.add_argument("--speculative-model", "--draft-model", dest="speculative_model",
                    help="draft model folder or hub id (for methods that need one, such as draft_model)")
     p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
                    help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
-                   f"else {PLAIN})")
+                   f"else {PLAIN}); auto chooses per request among {', '.join(AUTO_CANDIDATES)} (and draft_model "
+                   "when a draft model is known)")
     p.add_argument("--speculative-config", metavar="JSON",
                    help="the Python API's speculative_config dict as JSON, instead of the other speculative flags "
                    "(e.g. method auto and its candidates); with no --model, a draft_model config or candidate "
                    "without a 'model' uses the embedded draft")
-    p.add_argument("--num-speculative-tokens", type=_k_value, default=4,
-                   help="draft tokens per step, k, or 'auto': each row's k per step from measured acceptance and "
-                   "cost (default 4)")
+    p.add_argument("--num-speculative-tokens", "--k", dest="num_speculative_tokens", type=_k_value, default=4,
+                   metavar="K", help="draft tokens per step, k, or 'auto': each row's k per step from measured "
+                   "acceptance and cost (default 4)")
     p.add_argument("--max-num-speculative-tokens", type=int, default=8,
                    help="with --num-speculative-tokens auto, the largest k (default 8)")
     p.add_argument("--draft-confidence-threshold", type=float, default=None,
@@ -112,8 +122,9 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
     p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
     p.add_argument("--dtype", default=dtype_default, help=f"auto, float32, bfloat16, float16 or float64 "
-                   f"(default {dtype_default})")
-    p.add_argument("--speculative-dtype", default=None,
+                   f"(default {dtype_default}: the checkpoint's dtype on a GPU; on a CPU bfloat16 for a bfloat16 "
+                   "checkpoint where the CPU has bfloat16 instructions, else float32)")
+    p.add_argument("--speculative-dtype", "--draft-dtype", dest="speculative_dtype", default=None,
                    help="draft model dtype (default: the target's; float32 for a float16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
@@ -152,7 +163,8 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
         draft = spec.get("model")
         return model, draft if isinstance(draft, str) else None, str(spec.get("method"))
     model, draft, method = args.model, args.speculative_model, args.speculative_method
-    needs_model = method is None or (method != PLAIN and DRAFTERS[method].needs_model)
+    kind = DRAFTERS[method] if method not in (None, PLAIN) else None
+    needs_model = method is None or (kind is not None and (kind.needs_model or kind.composite))
     if model is None:
         pair = require_default_pair()
         model = str(pair[0])
@@ -165,6 +177,8 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
             raise SpecDecError(f"--speculative-method {method} needs --speculative-model")
     elif method != PLAIN and DRAFTERS[method].optional_model:
         draft = args.speculative_model  # its own default (the embedded target's heads) when None
+    elif method != PLAIN and DRAFTERS[method].composite:
+        pass  # the draft, when known, is one of its candidates
     elif args.speculative_model is not None:
         raise SpecDecError(f"--speculative-method {method} takes no --speculative-model")
     else:
@@ -190,28 +204,71 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
     return prompts
 
 
-def _summary(metrics, method: str, k: int) -> str:
+WARMUP_TOKENS = 8
+"""Tokens of each untimed warm-up generation of ``specdec generate``."""
+
+
+def _timing_note(warmup: int) -> str:
+    """What the printed tokens/s includes."""
+    if warmup:
+        return f"after {warmup} untimed warm-up call{'s' if warmup > 1 else ''}"
+    return "includes one-time warm-up costs (--warmup 0)"
+
+
+def _summary(metrics, method: str, k: int, warmup: int) -> str:
     line = (f"[specdec] {metrics.num_generated_tokens} tokens in {metrics.time_total:.2f} s, "
-            f"{metrics.tokens_per_second:.1f} tokens/s, tau {metrics.mean_acceptance_length:.2f}")
+            f"{metrics.tokens_per_second:.1f} tokens/s ({_timing_note(warmup)}), "
+            f"tau {metrics.mean_acceptance_length:.2f}")
     if method != PLAIN:
         line += f", acceptance rate {metrics.acceptance_rate:.2f} ({method}, k={k})"
     return line
+
+
+def warm_up(llm, prompt: Any, params, calls: int) -> None:
+    """``calls`` short untimed generations of ``prompt`` (one-time costs: first allocations, kernels chosen,
+    graphs captured), then the drafter forgets what they taught it (a suffix cache must not have seen the
+    timed request)."""
+    from dataclasses import replace
+
+    short = replace(params, max_tokens=min(params.max_tokens, WARMUP_TOKENS), stop=None)
+    for _ in range(calls):
+        llm.generate([prompt], short)
+    if llm.engine.drafter is not None:
+        llm.engine.drafter.forget()
 
 
 def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
     """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
     if getattr(args, "speculative_config", None) is not None:
         return speculative_config_json(args)[1]
+    from specdec.drafters import DRAFTERS
+
     if method == PLAIN:
         return None
-    config = {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "model": draft,
-              "dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
+    k = args.num_speculative_tokens
+    fields = {"dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
               "prompt_lookup_min": args.prompt_lookup_min}
-    # Front ends without the adaptive flags (specdec serve) leave those fields at their defaults.
-    for name in ("max_num_speculative_tokens", "draft_confidence_threshold"):
-        if hasattr(args, name):
-            config[name] = getattr(args, name)
-    return config
+    if DRAFTERS[method].composite:  # auto: the draft model when one is known, and the lookup methods
+        fixed_k = args.max_num_speculative_tokens if k == "auto" else k
+        names = ([DEFAULT_WITH_DRAFT] if draft else []) + list(AUTO_CANDIDATES)
+        candidates = [{"method": name, "num_speculative_tokens": fixed_k, **fields,
+                       **({"model": draft, "draft_confidence_threshold": args.draft_confidence_threshold}
+                          if name == DEFAULT_WITH_DRAFT else {})} for name in names]
+        return {"method": method, "num_speculative_tokens": k, "candidates": candidates,
+                "max_num_speculative_tokens": args.max_num_speculative_tokens}
+    return {"method": method, "num_speculative_tokens": k, "model": draft, **fields,
+            "max_num_speculative_tokens": args.max_num_speculative_tokens,
+            "draft_confidence_threshold": args.draft_confidence_threshold}
+
+
+def checked_config(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``spec`` once it is known to be a valid speculative_config, before any model is loaded: a bad
+    method, field or candidate is an error in a second, not after the weights are read."""
+    from specdec.drafters.base import SpeculativeConfig
+
+    if spec is not None:
+        SpeculativeConfig.from_dict(dict(spec))
+    return spec
 
 
 def separator(index: int, count: int) -> str:
@@ -219,7 +276,7 @@ def separator(index: int, count: int) -> str:
     return f"--- prompt {index}/{count} ---" if count > 1 else ""
 
 
-def _stream(llm, prompts: list[Any], params, method: str, k: int) -> None:
+def _stream(llm, prompts: list[Any], params, method: str, k: int, warmup: int) -> None:
     """Print each prompt's text as it is generated, one prompt after the other, with a summary line."""
     for index, prompt in enumerate(prompts, start=1):
         if len(prompts) > 1:
@@ -229,7 +286,7 @@ def _stream(llm, prompts: list[Any], params, method: str, k: int) -> None:
             sys.stdout.write(last.text)
             sys.stdout.flush()
         print()
-        print(_summary(last.metrics, method, k), file=sys.stderr)
+        print(_summary(last.metrics, method, k, warmup), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -246,9 +303,11 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos, seed=args.seed,
     )
+    if args.warmup < 0:
+        raise SpecDecError(f"--warmup must be at least 0, got {args.warmup}")
     model, draft, method = _resolve_models(args)
     k = args.num_speculative_tokens
-    spec = _speculative_config(args, draft, method)
+    spec = checked_config(_speculative_config(args, draft, method))
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
@@ -260,8 +319,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"[specdec] {backend_line(llm.target)}", file=sys.stderr, flush=True)
     if llm.speculative_config is not None:
         k = llm.speculative_config.num_speculative_tokens
+    warm_up(llm, prompts[0], params, args.warmup)
     if args.stream and not args.json:
-        _stream(llm, prompts, params, method, k)
+        _stream(llm, prompts, params, method, k, args.warmup)
         return 0
     tic = time.perf_counter()
     outputs = llm.generate(prompts, params)
@@ -287,9 +347,9 @@ def run(args: argparse.Namespace) -> int:
             if len(outputs) > 1:
                 print(separator(index, len(outputs)))
             print(out.outputs[0].text, flush=True)
-            print(_summary(out.metrics, method, k), file=sys.stderr)
+            print(_summary(out.metrics, method, k, args.warmup), file=sys.stderr)
     if len(outputs) > 1 and not args.json:
         tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
         print(f"[specdec] {len(outputs)} prompts in one batch: {tokens} tokens in {seconds:.2f} s, "
-              f"{tokens / seconds:.1f} tokens/s", file=sys.stderr)
+              f"{tokens / seconds:.1f} tokens/s ({_timing_note(args.warmup)})", file=sys.stderr)
     return 0

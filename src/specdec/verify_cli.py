@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 from specdec.errors import SpecDecError
-from specdec.generate_cli import PLAIN, _resolve_models, _speculative_config, add_model_flags
+from specdec.generate_cli import PLAIN, _resolve_models, _speculative_config, add_model_flags, checked_config
 from specdec.jsonl import read_jsonl
 
 PROMPTS = [
@@ -31,9 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of N prompts must be identical (at a first difference the target's logit gap tells a rounding tie from "
         "a mismatch), and the first two sampled tokens of many seeded requests on a few prompts must follow the "
         "target's exact top-k distribution (chi-square). Exits 0 on pass, 1 on fail. With no --model, the "
-        "embedded default pair.",
+        "embedded default pair. The dtype defaults to the one specdec generate runs (auto), so the check covers "
+        "what users run; --dtype float64 on a small model removes rounding ties altogether.",
     )
-    add_model_flags(p, dtype_default="float32")
+    add_model_flags(p)
     p.add_argument("--prompts-file", type=Path, help="JSONL with 'prompt' or 'prompt_token_ids' (default: built in)")
     p.add_argument("--num-prompts", type=int, default=8, help="greedy prompts (default 8)")
     p.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     model, draft, method = _resolve_models(args)
-    spec = _speculative_config(args, draft, method)
+    spec = checked_config(_speculative_config(args, draft, method))
     if spec is None:
         raise SpecDecError(f"--speculative-method {PLAIN} is plain decoding: nothing to verify")
     hf_logging.disable_progress_bar()
@@ -99,21 +100,25 @@ def run(args: argparse.Namespace) -> int:
 
     reference, candidate = llm(None), llm(spec)
     print(f"specdec verify: target {model}, {method}, k={candidate.speculative_config.num_speculative_tokens}"
-          + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}")
+          + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}",
+          flush=True)
     prompts = _prompts(args, reference)
+    print(f"greedy: generating {len(prompts)} prompts x {args.max_tokens} tokens, plain and speculative ...",
+          flush=True)
     verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens)
     ties = [(i, v) for i, v in enumerate(verdicts) if v.kind == "tie"]
     mismatches = [(i, v) for i, v in enumerate(verdicts) if v.kind == "mismatch"]
     print(f"greedy: {len(prompts)} prompts x {args.max_tokens} tokens, one batch: "
           f"{len(verdicts) - len(ties) - len(mismatches)} identical, {len(ties)} rounding ties, "
-          f"{len(mismatches)} mismatches")
+          f"{len(mismatches)} mismatches", flush=True)
     for i, v in ties + mismatches:
         top2 = f", target top-2 gap {v.top2_gap:.4g}" if v.top2_gap is not None else ""
-        print(f"  prompt {i}: {v.describe()}{top2}")
+        print(f"  prompt {i}: {v.describe()}{top2}", flush=True)
     failed = bool(mismatches)
     if args.sampling_prompts:
         print(f"sampling: first 2 tokens, temperature {args.temperature}, top-k {args.top_k}, {args.samples} "
-              f"seeded requests per prompt, fail below p = {args.significance:g}")
+              f"seeded requests per prompt, fail below p = {args.significance:g}; one line per prompt as it "
+              "finishes", flush=True)
     for i, prompt in enumerate(prompts[: args.sampling_prompts]):
         check = sampling_exactness(reference, candidate, prompt, args.temperature, args.top_k, args.samples,
                                    args.seed + i)
@@ -121,6 +126,6 @@ def run(args: argparse.Namespace) -> int:
         failed |= not ok
         impossible = f", {check.impossible} samples the target cannot produce" if check.impossible else ""
         print(f"  prompt {i}: chi-square {check.statistic:.1f} on {check.dof} dof ({check.cells} outcomes), "
-              f"p = {check.pvalue:.3g}{impossible}: {'ok' if ok else 'FAIL'}")
+              f"p = {check.pvalue:.3g}{impossible}: {'ok' if ok else 'FAIL'}", flush=True)
     print(f"verdict: {'FAIL' if failed else 'PASS'}")
     return 1 if failed else 0

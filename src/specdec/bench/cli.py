@@ -6,6 +6,7 @@ torch, transformers and matplotlib are imported inside the handler so that the C
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,8 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     models = p.add_argument_group("models")
     models.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
     models.add_argument(
-        "--draft-model", help="draft model folder or hub id (default with no --model: the embedded default draft)"
+        "--speculative-model", "--draft-model", dest="draft_model",
+        help="draft model folder or hub id (default with no --model: the embedded default draft)",
     )
     models.add_argument(
         "--synthetic",
@@ -71,7 +73,9 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         "instructions, else float32)",
     )
     models.add_argument(
+        "--speculative-dtype",
         "--draft-dtype",
+        dest="draft_dtype",
         default=None,
         help="draft dtype, for specdec and transformers' assistant alike (default: the target's; float32 for a "
         "float16 target on CPU)",
@@ -86,13 +90,17 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("methods")
     group.add_argument(
         "--methods",
+        "--speculative-method",
+        dest="methods",
         default=None,
         help=f"comma-separated, from: {REFERENCE}, every registered drafter (specdec's speculative methods), "
         + ", ".join(PEERS)
         + f" (default: all; {REFERENCE!r} is always run as the reference)",
     )
     group.add_argument(
+        "--num-speculative-tokens",
         "--k",
+        dest="k",
         nargs="+",
         default=["4"],
         metavar="K",
@@ -109,7 +117,7 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         "--num-candidates",
         type=int,
         default=1,
-        help="methods that propose trees (see the README) propose up to this many candidate "
+        help="methods that propose trees (see docs/methods.md) propose up to this many candidate "
         "continuations per step, k being the tree's node budget; chain methods ignore it (default 1: chains)",
     )
     group.add_argument(
@@ -121,6 +129,14 @@ def _add_method_flags(p: argparse.ArgumentParser) -> None:
         "--methods), or a further configuration under a new label, e.g. "
         "'early_exit={\"method\": \"layer_skip\", \"early_exit\": true}'; one that sets "
         "num_speculative_tokens runs once, at that k, not per --k; repeatable",
+    )
+    group.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        default=None,
+        help="one speculative_config, as generate and serve take it, run under its method's name (beside the "
+        f"methods of --methods; alone with {REFERENCE!r} when --methods is not given); a draft_model config "
+        "without a 'model' uses the run's draft",
     )
     group.add_argument(
         "--prompt-lookup-min",
@@ -158,7 +174,16 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     work.add_argument(
         "--categories", default=None, help="comma-separated categories (or Spec-Bench sub-categories) to keep"
     )
-    work.add_argument("--num-prompts", type=int, default=10, help="questions per category (default 10)")
+    work.add_argument(
+        "--prompts-per-category",
+        "--num-prompts",
+        dest="num_prompts",
+        type=int,
+        default=10,
+        help="questions per category, so the run has this many times the number of categories (Spec-Bench has 6: "
+        "1 runs 6 questions; --categories narrows them); with --synthetic, the number of random prompts "
+        "(default 10)",
+    )
     work.add_argument(
         "--prompt-len", type=int, default=128, help="with --synthetic, tokens per random prompt (default 128)"
     )
@@ -280,12 +305,30 @@ def _method_configs(values: Sequence[str]) -> dict[str, dict[str, Any]]:
     return configs
 
 
+def _speculative_config(args: argparse.Namespace, names: list[str], configs: dict[str, dict[str, Any]],
+                        given: bool) -> list[str]:
+    """``--speculative-config JSON`` as a ``--method-config`` of its method (added to ``configs``); returns
+    the method names to run: its method beside ``names``, or alone when --methods was not ``given``."""
+    if args.speculative_config is None:
+        return names
+    config = json_object(args.speculative_config, "--speculative-config")
+    method = config.get("method")
+    if not isinstance(method, str):
+        raise SpecDecError("--speculative-config needs a 'method'")
+    if method in configs:
+        raise SpecDecError(f"--speculative-config and --method-config {method} both configure {method!r}")
+    configs[method] = config
+    return [*names, method] if given else [method]
+
+
 def _method_names(args: argparse.Namespace, has_draft: bool) -> list[str]:
     if args.methods is not None:
         names = split_names(args.methods)
         if not names:
             raise SpecDecError("--methods is empty")
         return names
+    if args.speculative_config is not None:
+        return []
     names = [n for n in methods() if not methods()[n].needs_config]  # those run only with --method-config
     if not has_draft:
         dropped = [n for n in names if methods()[n].needs_draft]
@@ -309,7 +352,9 @@ def run_bench(args: argparse.Namespace) -> int:
         args.max_tokens, args.temperature, tuple(seeds), args.repeats, args.warmup, batch_sizes=tuple(batch_sizes)
     )
     source = resolve_source(args)
-    specs = expand_methods(_method_names(args, source.has_draft), ks, _method_configs(args.method_config))
+    configs = _method_configs(args.method_config)
+    names = _speculative_config(args, _method_names(args, source.has_draft), configs, args.methods is not None)
+    specs = expand_methods(names, ks, configs)
     if any(s.kind.peer for s in specs) and 1 not in settings.batch_sizes:
         print("specdec bench: transformers peers run at batch 1 only, which is not swept", file=sys.stderr)
     print(
@@ -333,7 +378,8 @@ def run_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
     bench = load_bench(source, specs, args, settings, ks)
     result = run_benchmark(bench.runners, source.questions, bench.prompts, settings, bench.calibration)
-    result.info = bench.info
+    command = getattr(args, "command_line", None)
+    result.info = {"command": shlex.join(command) if command else None, **bench.info}
     print(to_markdown(result))
     written = write_report(result, args.out, plots=plots)
     print("specdec bench: wrote " + ", ".join(str(path) for path in written.values()), file=sys.stderr)

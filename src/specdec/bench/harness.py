@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from specdec.bench.measurement import Measurement
 from specdec.bench.methods import REFERENCE, Runner
 from specdec.bench.summary import OVERALL, Calibration, SummaryRow, summarize
 from specdec.errors import SpecDecError
@@ -38,7 +39,6 @@ from specdec.greedy_check import GreedyVerdict, check_greedy, first_difference
 
 if TYPE_CHECKING:
     from specdec.bench.workloads import Question
-    from specdec.metrics import RequestMetrics
 
 
 @dataclass
@@ -73,57 +73,6 @@ class BenchSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-@dataclass
-class Measurement:
-    """One request: a turn of a question under one method, batch size, seed and repeat.
-
-    ``call`` identifies the generate call the request was part of (``call_size`` requests);
-    ``seconds`` is that call's wall-clock time, shared by all its requests.
-    """
-
-    question_id: str
-    category: str
-    turn: int
-    seed: int
-    repeat: int
-    method: str
-    batch_size: int
-    call: int
-    call_size: int
-    order: int
-    prompt_tokens: int
-    token_ids: list[int]
-    seconds: float
-    metrics: RequestMetrics | None
-    matches_reference: bool | None = None
-    first_mismatch: int | None = None
-    verdict: GreedyVerdict | None = None
-    prompt_ids: list[int] = field(default_factory=list, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "question_id": self.question_id,
-            "category": self.category,
-            "turn": self.turn,
-            "seed": self.seed,
-            "repeat": self.repeat,
-            "method": self.method,
-            "batch_size": self.batch_size,
-            "call": self.call,
-            "call_size": self.call_size,
-            "order": self.order,
-            "prompt_tokens": self.prompt_tokens,
-            "num_tokens": len(self.token_ids),
-            "seconds": self.seconds,
-            "tokens_per_second": len(self.token_ids) / self.seconds if self.seconds > 0 else None,
-            "matches_reference": self.matches_reference,
-            "first_mismatch": self.first_mismatch,
-            "greedy_check": self.verdict.to_dict() if self.verdict is not None else None,
-            "metrics": self.metrics.to_dict() if self.metrics is not None else None,
-            "token_ids": self.token_ids,
-        }
 
 
 @dataclass

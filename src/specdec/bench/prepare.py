@@ -116,7 +116,7 @@ def _load_models(
     import torch
 
     from specdec.bench.synthetic import build_synthetic
-    from specdec.drafters.draft_model import resolve_draft_dtype
+    from specdec.drafters.draft_lm import resolve_draft_dtype
     from specdec.models.loader import load_hf_model, resolve_dtype
 
     if source.synthetic is None:

@@ -23,7 +23,7 @@ from specdec.adaptive import DEFAULT_MAX_SPECULATIVE_TOKENS
 from specdec.bench.hardware import synchronize
 from specdec.bench.methods import MethodSpec, Runner, RunOutput
 from specdec.drafters import DRAFTERS, SpeculativeConfig
-from specdec.drafters.draft_model import resolve_draft_dtype
+from specdec.drafters.draft_lm import resolve_draft_dtype
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.models.loader import ModelSource, load_hf_model
@@ -178,7 +178,7 @@ class RunnerOptions:
     """How the runners run the models.
 
     ``tokenizer``: the target's tokenizer folder (None: prompts are token ids only). The draft's dtype
-    comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_model.resolve_draft_dtype`, unless
+    comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_lm.resolve_draft_dtype`, unless
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
     ``enforce_eager`` turns their CUDA graphs off. ``num_candidates`` goes to the methods that
@@ -250,7 +250,8 @@ def build_runners(
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:
         drafter = DRAFTERS[method]
         if drafter.composite:  # its candidates: the run's other speculative methods it takes, at the same k
-            others = sorted({s.method for s in specs if s.kind.speculative and not DRAFTERS[s.method].composite})
+            others = sorted({s.method for s in specs
+                             if s.kind.speculative and not s.kind.peer and not DRAFTERS[s.method].composite})
             candidates = [config(m, k if k != "auto" else DEFAULT_MAX_SPECULATIVE_TOKENS, 1) for m in others]
             candidates = [c for c in candidates if _takes_candidate(method, c)]
             if not candidates:

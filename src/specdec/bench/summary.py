@@ -37,7 +37,7 @@ from specdec.bench.methods import REFERENCE, MethodSpec
 from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
-    from specdec.bench.harness import Measurement
+    from specdec.bench.measurement import Measurement
     from specdec.metrics import RequestMetrics
 
 OVERALL = "overall"

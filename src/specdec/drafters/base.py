@@ -37,7 +37,7 @@ class SpeculativeConfig:
     ``method``: a registered drafter name (``"draft_model"``, ``"ngram"``). ``model``: the
     draft model's folder, hub id or a loaded ``PreTrainedModel`` (draft_model; several
     ``LLM``s can share one loaded draft). ``dtype``: the draft model's dtype (None: see
-    :func:`specdec.drafters.draft_model.resolve_draft_dtype`). ``prompt_lookup_max``/
+    :func:`specdec.drafters.draft_lm.resolve_draft_dtype`). ``prompt_lookup_max``/
     ``prompt_lookup_min``: the longest and shortest n-gram matched against the context (ngram).
     ``num_speculative_tokens="auto"``: each row's k per step from measured acceptance and cost
     (:mod:`specdec.adaptive`), at most ``max_num_speculative_tokens``. ``draft_confidence_threshold``:

@@ -4,8 +4,9 @@ Design: this is not a method of its own. ``{"method": "draft_model"}`` loads the
 its tokenizer and, when that tokenizer's vocabulary differs from the target's, builds a
 :class:`CrossTokenizerDrafter` instead of a :class:`DraftModelDrafter` (the user names the
 draft, specdec picks the token mapping; the method stays listed once and the engine never
-learns which of the two it got). Both share the draft's loading, KV pool and release; this
-one replaces how the context reaches the draft and how its proposal reaches the target:
+learns which of the two it got). Both share the draft's KV pool and release
+(:class:`~specdec.drafters.draft_lm.DraftLM`); this one replaces how the context reaches the
+draft and how its proposal reaches the target:
 
 - the draft's context is the committed text (the target's tokens decoded) re-encoded with
   the draft's tokenizer; after each step the draft's KV pool is rolled back, in the draft's
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftBatch
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.base import DraftBatch, LoadOptions, SpeculativeConfig
+from specdec.drafters.draft_lm import DraftLM
+from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches
+from specdec.models.loader import load_tokenizer
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.verify import common_prefix
@@ -58,7 +61,7 @@ def target_continuation(tokenizer, committed: list[int], text: str, limit: int, 
     return out
 
 
-class CrossTokenizerDrafter(DraftModelDrafter):
+class CrossTokenizerDrafter(DraftLM):
     """A draft model whose tokenizer differs from the target's (built by ``draft_model``'s
     ``from_config``; see the module docstring). Per slot it keeps ``context`` (the committed
     text in draft tokens) and ``fed`` (the draft tokens its KV pool holds, a prefix of the
@@ -74,6 +77,23 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         self.target_vocab_size = target_vocab_size
         self.context: dict[int, list[int]] = {}
         self.fed: dict[int, list[int]] = {}
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> CrossTokenizerDrafter:
+        """The draft of ``config``, whose tokenizer differs from the target's (``draft_model`` checks that)."""
+        model = cls.load_model(config, target, options)
+        return cls.of_loaded(config, model, load_tokenizer(config.model, required=True), target, options)
+
+    @classmethod
+    def of_loaded(cls, config: SpeculativeConfig, model: CausalLM, draft_tokenizer, target: CausalLM,
+                  options: LoadOptions) -> CrossTokenizerDrafter:
+        """Over a loaded draft ``model`` and its tokenizer; fields that need a shared vocabulary are refused."""
+        for name in ("draft_confidence_threshold", "draft_vocab_size"):
+            if getattr(config, name):
+                raise SpecDecError(f"{name} is not supported with a draft whose tokenizer differs from the "
+                                   f"target's (draft model {model.name!r})")
+        return cls(model, draft_tokenizer, options.target_tokenizer, target.vocab_size, options.num_slots,
+                   options.max_model_len)
 
     def _draft_context(self, seq: Sequence) -> list[int]:
         """The committed context (``seq.token_ids``, the pending token included) as draft tokens."""

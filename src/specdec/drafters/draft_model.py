@@ -10,7 +10,6 @@ import torch
 from specdec.argmax import argmax
 from specdec.drafters.base import (
     DraftBatch,
-    Drafter,
     LoadOptions,
     SpeculativeConfig,
     draft_probs,
@@ -18,30 +17,18 @@ from specdec.drafters.base import (
     narrow_rows,
     register_drafter,
 )
+from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdec.drafters.draft_lm import DraftLM
 from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
-from specdec.models.loader import load_causal_lm, load_tokenizer, resolve_dtype
+from specdec.models.loader import load_tokenizer
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
 
-def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch.dtype,
-                        device: torch.device) -> torch.dtype:
-    """The draft's dtype: ``requested`` when given, else the target's, except float32 on a CPU under a
-    float16 target (float16 arithmetic is slow there). Under a bfloat16 target on a CPU the draft runs
-    in bfloat16: its one-token attention used to take torch's slow path for a single bfloat16 query,
-    which made float32 the faster default; the fast backend now attends such a query as a pair
-    (:data:`~specdec.models.fast_llama.PAIR_SINGLE_QUERIES`)."""
-    if requested is not None and requested != "auto":
-        return resolve_dtype(requested, None, device)
-    if device.type == "cpu" and target_dtype == torch.float16:
-        return torch.float32
-    return target_dtype
-
-
 @register_drafter
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(DraftLM):
     """Runs a smaller causal LM autoregressively: one batched forward per draft position.
 
     The draft model has its own KV pool, slot for slot the target's, under the target's
@@ -66,11 +53,9 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None,
                  vocab: DraftVocab | None = None) -> None:
-        self.model = model
+        super().__init__(model, num_slots, max_model_len)
         self.threshold = threshold
         self.vocab = vocab
-        self.capacity = min(max_model_len, model.max_length)
-        self.cache = model.new_cache(num_slots, self.capacity)
 
     @classmethod
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -78,22 +63,14 @@ class DraftModelDrafter(Drafter):
             raise SpecDecError("speculative method 'draft_model' needs a draft 'model' (a folder or hub id)")
 
     @classmethod
-    def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> DraftModelDrafter:
-        dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
-        model = load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
-                               enforce_eager=options.enforce_eager)
+    def from_config(cls, config: SpeculativeConfig, target: CausalLM,
+                    options: LoadOptions) -> DraftModelDrafter | CrossTokenizerDrafter:
+        model = cls.load_model(config, target, options)
         draft_tokenizer = load_tokenizer(config.model, required=False)
         target_tokenizer = options.target_tokenizer
         if (draft_tokenizer is not None and target_tokenizer is not None
                 and draft_tokenizer.get_vocab() != target_tokenizer.get_vocab()):
-            for name in ("draft_confidence_threshold", "draft_vocab_size"):
-                if getattr(config, name):
-                    raise SpecDecError(f"{name} is not supported with a draft whose tokenizer differs from the "
-                                       f"target's (draft model {model.name!r})")
-            from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter  # a subclass: imports this module
-
-            return CrossTokenizerDrafter(model, draft_tokenizer, target_tokenizer, target.vocab_size,
-                                         options.num_slots, options.max_model_len)
+            return CrossTokenizerDrafter.of_loaded(config, model, draft_tokenizer, target, options)
         if model.vocab_size != target.vocab_size:
             missing = ("the draft has no tokenizer" if draft_tokenizer is None
                        else "the target has no tokenizer" if target_tokenizer is None else "")
@@ -201,6 +178,3 @@ class DraftModelDrafter(Drafter):
         for s in seqs:
             slot = s.slot
             self.cache.set_length(slot, min(self.cache.lengths[slot], len(s.token_ids) - 1))
-
-    def release(self, seq: Sequence) -> None:
-        self.cache.release(seq.slot)

@@ -18,11 +18,10 @@ from typing import Any
 
 from specdec.errors import SpecDecError
 from specdec.generate_cli import (
-    PLAIN,
-    LazyChoices,
-    _method_names,
     _resolve_models,
     _speculative_config,
+    add_model_flags,
+    checked_config,
     speculative_config_json,
 )
 
@@ -35,33 +34,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (default: the embedded default pair with its draft model) at /v1/completions, "
         "/v1/chat/completions, /v1/models, /health and /metrics, with continuous batching.",
     )
-    p.add_argument("model", nargs="?", help="target model folder or hub id (default: the embedded default target)")
+    p.add_argument("model_arg", nargs="?", metavar="MODEL",
+                   help="target model folder or hub id, as in 'vllm serve MODEL' (or --model; default: the embedded "
+                   "default target)")
+    add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL, or "
                    f"{DEFAULT_SERVED_NAME!r} for the embedded pair)")
-    p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
-    p.add_argument("--speculative-config", help="the speculative_config dict of the Python API, as JSON (instead "
-                   "of the --speculative-* shorthand)")
-    p.add_argument("--speculative-model", help="draft model folder or hub id")
-    p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
-                   help=f"drafting method: %(choices)s (default: draft_model when a draft model is known, "
-                   f"else {PLAIN})")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step, k (default 4)")
-    p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
-    p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
-    p.add_argument("--speculative-dtype", default=None, help="draft model dtype (default: see specdec generate)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded at once (default 16)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="tokens per sequence, prompt and output; caps max_tokens (default: the context window)")
     p.add_argument("--max-queue-len", type=int, default=256,
                    help="sequences that may wait for a slot; more get HTTP 429 (default 256)")
     p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request body accepted; more get HTTP 413 (default 4 MiB)")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU")
     p.add_argument("--seed", type=int, default=0, help="seed of the seeds of unseeded requests (default 0)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY; unset: no auth)")
@@ -70,6 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run_serve)
+
+
+def _model_flag(args: argparse.Namespace) -> None:
+    """``specdec serve MODEL`` and ``specdec serve --model MODEL`` alike: the positional MODEL into ``args.model``."""
+    if args.model_arg is not None:
+        if args.model is not None and args.model != args.model_arg:
+            raise SpecDecError(f"give the model once: MODEL {args.model_arg!r} and --model {args.model!r} differ")
+        args.model = args.model_arg
 
 
 def _speculative(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None, str]:
@@ -98,7 +90,9 @@ def run_serve(args: argparse.Namespace) -> int:
             template = args.chat_template.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
+    _model_flag(args)
     model, spec, what = _speculative(args)
+    checked_config(spec)
     if template is None and args.model is None:  # the embedded pair: its shipped template
         from specdec.assets import DEFAULT_CHAT_TEMPLATE
 
