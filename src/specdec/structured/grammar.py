@@ -94,11 +94,16 @@ class GrammarCache:
             else:  # choice: a JSON list; grammar: Lark or GBNF
                 grammar = lib.grammar_from("choice" if kind == "choice" else "grammar", text)
         except ValueError as exc:
-            raise SpecDecError(f"invalid {what} in structured_outputs: {exc}") from None
+            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(str(exc))}") from None
         failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
-            raise SpecDecError(f"invalid {what} in structured_outputs: {messages[0].strip()}")
+            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(messages[0])}")
         matcher = lib.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise SpecDecError(f"invalid {what} in structured_outputs: {matcher.get_error().strip()}")
+            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(matcher.get_error())}")
         return matcher
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message (which may draw a caret under the error over several lines) on one line."""
+    return " ".join(message.split())

@@ -35,8 +35,9 @@ class StructuredOutputsParams:
 
     ``disable_any_whitespace``: JSON outputs carry no whitespace between tokens (compact JSON). The
     output ends with the end-of-sequence token once the constraint is complete (or at ``max_tokens``,
-    ``finish_reason="length"``, whether or not it is). ``key`` ``(kind, canonical text, compact)``
-    identifies the constraint (equal keys compile to the same grammar).
+    ``finish_reason="length"``, whether or not it is). ``key`` ``(kind, compact text, compact)``
+    identifies the constraint (equal keys compile to the same grammar; a schema's key order is part of it,
+    since properties are generated in that order).
     """
 
     json: str | dict[str, Any] | None = None
@@ -76,7 +77,7 @@ class StructuredOutputsParams:
 
     @staticmethod
     def _schema(schema: object) -> str:
-        """The canonical JSON text of a schema given as a dict or as JSON text."""
+        """The compact JSON text of a schema given as a dict or as JSON text."""
         if isinstance(schema, str):
             try:
                 schema = json_module.loads(schema)
@@ -85,7 +86,8 @@ class StructuredOutputsParams:
         if not isinstance(schema, (dict, bool)):
             raise SpecDecError(f"structured_outputs 'json' must be a JSON schema (an object), got {schema!r}")
         try:
-            return json_module.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+            # Key order is kept: llguidance generates an object's properties in the schema's order.
+            return json_module.dumps(schema, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise SpecDecError(f"structured_outputs 'json' is not a JSON value: {exc}") from None
 
