@@ -70,11 +70,8 @@ def reference(target, tokenizer, prompt: str, constraint: StructuredOutputsParam
         while len(out) < MAX_TOKENS:
             logits = target(torch.tensor([ids + out])).logits[0, -1]
             if matcher is not None:
-                allowed = torch.zeros_like(logits, dtype=torch.bool)
-                bitmask = llguidance.torch.allocate_token_bitmask(1, logits.shape[0])
-                llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
-                for t in range(logits.shape[0]):
-                    allowed[t] = bool((int(bitmask[0, t // 32]) >> (t % 32)) & 1)
+                bitmask = matcher.compute_bitmask()  # little-endian 32-bit words: token t is bit t % 8 of byte t // 8
+                allowed = torch.tensor([bool(bitmask[t // 8] >> (t % 8) & 1) for t in range(logits.shape[0])])
                 logits = logits.masked_fill(~allowed, float("-inf"))
             token = int(logits.argmax())
             out.append(token)

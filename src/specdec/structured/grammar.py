@@ -29,7 +29,6 @@ def llguidance() -> Any:
     try:
         import llguidance as module
         import llguidance.hf  # noqa: F401
-        import llguidance.torch  # noqa: F401
     except ImportError:
         raise SpecDecError(INSTALL_HINT) from None
     return module

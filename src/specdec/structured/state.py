@@ -36,6 +36,20 @@ def _executor() -> Any:
     return llguidance().LLExecutor()
 
 
+def _fill(entries: list[tuple], bitmask: torch.Tensor) -> None:
+    """Write the masks of ``entries`` (``(matcher, row)``, or ``(matcher, row, drafts)`` for a row's mask
+    and the masks after each of its drafts, in the rows after it) into ``bitmask`` ``[N, W]`` (host, int32,
+    contiguous), in parallel, through llguidance's executor (``llguidance.torch`` does the same, but
+    importing it imports ``torch.compile``'s machinery, seconds)."""
+    if not entries:
+        return
+    rows, words = bitmask.shape
+    if len(entries[0]) == 3:
+        _executor().unsafe_compute_mask_ptr_with_draft_token(entries, bitmask.data_ptr(), words * 4, rows)
+    else:
+        _executor().unsafe_compute_mask_ptr(entries, bitmask.data_ptr(), words * 4, rows)
+
+
 class GrammarState:
     """The grammar of one sequence: ``matcher`` (an llguidance ``LLMatcher``) has consumed exactly its
     committed output tokens; during a step's drafting a copy follows the drafted tokens."""
@@ -80,14 +94,23 @@ def new_bitmask(rows: int, vocab: int) -> torch.Tensor:
     return torch.full((rows, (vocab + 31) // 32), -1, dtype=torch.int32)
 
 
+@cache
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """``[256, 8]`` bool: the bits of each byte value, least significant first."""
+    return ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool().to(device)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    """``bitmask`` ``[..., W]`` int32 (token ``t`` is bit ``t % 32`` of word ``t // 32``) as bool ``[..., vocab]``
+    on ``device``: its bytes (little-endian words) looked up in a table of their bits."""
+    data = bitmask.to(device, non_blocking=True).contiguous().view(torch.uint8).long()
+    return _byte_bits(device)[data].flatten(-2)[..., :vocab]
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``logits`` ``[..., V]`` with the tokens whose bit is 0 in ``bitmask`` ``[..., W]`` (same leading
     shape, host or device) set to ``-inf``; a new tensor."""
-    vocab = logits.shape[-1]
-    words = bitmask.to(logits.device, non_blocking=True)
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    bits = ((words.unsqueeze(-1) >> shifts) & 1).flatten(-2)[..., :vocab].bool()
-    return logits.masked_fill(~bits, float("-inf"))
+    return logits.masked_fill(~allowed_tokens(bitmask, logits.shape[-1], logits.device), float("-inf"))
 
 
 def constrain_draft(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
@@ -98,10 +121,13 @@ def constrain_draft(logits: torch.Tensor, grammars: list[GrammarState | None]) -
     if not entries:
         return logits
     bitmask = new_bitmask(logits.shape[0], logits.shape[-1])
-    llguidance().torch.fill_next_token_bitmask_par(_executor(), entries, bitmask)
-    masked = apply_bitmask(logits, bitmask)
+    _fill(entries, bitmask)
+    allowed = allowed_tokens(bitmask, logits.shape[-1], logits.device)
+    masked = logits.masked_fill(~allowed, float("-inf"))
     dead = torch.isneginf(masked).all(-1, keepdim=True)
-    return torch.where(dead, apply_bitmask(torch.zeros_like(logits), bitmask), masked)
+    if not dead.any():  # a host read, as the draft tokens' own (advance_draft) that follows
+        return masked
+    return torch.where(dead, torch.zeros_like(logits).masked_fill(~allowed, float("-inf")), masked)
 
 
 def advance_draft(tokens: torch.Tensor, grammars: list[GrammarState | None]) -> None:
@@ -124,7 +150,6 @@ def step_masks(grammars: list[GrammarState | None], draft_tokens: list[list[int]
     """
     width = len(draft_tokens[0]) if draft_tokens else 0
     bitmask = new_bitmask(len(grammars) * (width + 1), vocab)
-    lib = llguidance()
     if parents is None:
         # The drafts up to the first end-of-sequence token: llguidance advances over each, writes each
         # position's mask, stops at the first invalid one and rolls the matcher back.
@@ -140,10 +165,8 @@ def step_masks(grammars: list[GrammarState | None], draft_tokens: list[list[int]
             else:
                 roots.append((g.matcher, b * (width + 1)))
             eos_at.append((b, end))
-        if entries:
-            lib.torch.fill_next_token_bitmask_par_with_draft_tokens(_executor(), entries, bitmask)
-        if roots:
-            lib.torch.fill_next_token_bitmask_par(_executor(), roots, bitmask)
+        _fill(entries, bitmask)
+        _fill(roots, bitmask)
         bitmask = bitmask.view(len(grammars), width + 1, -1)
         for b, end in eos_at:  # after an end-of-sequence token only more of it may follow
             if end is not None:
@@ -173,7 +196,7 @@ def step_masks(grammars: list[GrammarState | None], draft_tokens: list[list[int]
                     continue
             states[i] = state
             entries.append((state, b * (width + 1) + i + 1))
-    lib.torch.fill_next_token_bitmask_par(_executor(), entries, bitmask)
+    _fill(entries, bitmask)
     return list(num_draft), bitmask.view(len(grammars), width + 1, -1)
 
 
