@@ -47,6 +47,7 @@ def models(text_model_dirs, tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     root = tmp_path_factory.mktemp("structured")
     build_model("llama", seed=21, vocab=target.config.vocab_size, layers=1).save_pretrained(root / "draft")
+    build_model("llama", seed=22, vocab=target.config.vocab_size, layers=2).save_pretrained(root / "mid")
     make_heads(target, "eagle", root / "eagle", seed=4)
     make_heads(target, "medusa", root / "medusa", seed=5)
     return target, tokenizer, target_dir, root
@@ -111,6 +112,13 @@ GREEDY_METHODS = {
     "medusa-tree": lambda root: {"method": "medusa", "model": str(root / "medusa"), "num_speculative_tokens": 6,
                                  "num_candidates": 2},
     "layer_skip": lambda root: {"method": "layer_skip", "num_speculative_tokens": 3, "skip_layers": [1, 2]},
+    "suffix": lambda root: {"method": "suffix", "num_speculative_tokens": 3},
+    "lookahead": lambda root: {"method": "lookahead", "num_speculative_tokens": 6},
+    "cascade": lambda root: {"method": "cascade", "num_speculative_tokens": 3, "stages": [
+        {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 2},
+        {"method": "draft_model", "model": str(root / "mid"), "num_speculative_tokens": 3}]},
+    "auto": lambda root: {"method": "auto", "num_speculative_tokens": 3, "candidates": [
+        {"method": "draft_model", "model": str(root / "draft")}, {"method": "ngram"}]},
 }
 
 
