@@ -253,3 +253,23 @@ def test_metrics_report_grammar_compilation(server):
     assert "specdec:grammar_compiles_total" in text and "specdec:grammar_compile_seconds_total" in text
     assert server.value("specdec:grammar_compiles_total") >= 1
     assert server.value("specdec:grammar_compile_seconds_total") > 0
+
+
+def test_a_seeded_constrained_request_is_the_same_alone_or_in_a_batch(llm):
+    mine = SamplingParams(temperature=1.0, seed=11, max_tokens=24, structured_outputs={"json_object": True})
+    others = [SamplingParams(temperature=0.9, seed=s, max_tokens=24, structured_outputs=c)
+              for s, c in ((1, {"regex": "[a-z]+"}), (2, None), (3, {"choice": ["a", "bb"]}))]
+    alone = llm.generate("x = 1\n", mine)[0].outputs[0].token_ids
+    batch = llm.generate(["def", "x = 1\n", "for", "y"], [others[0], mine, others[1], others[2]])
+    assert batch[1].outputs[0].token_ids == alone
+
+
+def test_an_unconstrained_batch_does_no_constraint_work():
+    import torch
+
+    from specdec.sampling import SamplingBatch
+
+    rows = SamplingBatch([SamplingParams(), SamplingParams(temperature=0)], [None, None], torch.device("cpu"),
+                         [None, None])
+    logits = torch.randn(2, 8)
+    assert rows.grammars is None and not rows.constrained and rows.constrain_draft(logits) is logits
