@@ -22,6 +22,7 @@ _EXPORTS = {
     "RequestMetrics": "specdec.metrics",
     "SamplingParams": "specdec.sampling",
     "SpecDecError": "specdec.errors",
+    "StructuredOutputsParams": "specdec.structured",
 }
 
 __all__ = sorted(_EXPORTS)

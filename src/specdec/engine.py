@@ -13,10 +13,17 @@ after verification the accepted path's entries are moved to ``L+1..L+a``
 The step reads the device once: the verified tokens and accepted counts of every row, as one
 tensor. Everything before that (drafting, the target forward, sampling, verification) is
 queued on the device without waiting for it.
+
+Rows under a constraint (``Sequence.grammar``; :mod:`specdec.structured.state` says why this is exact):
+stage 1 drafts with masked logits and reads the drafts once to check them against the grammar, cut each
+chain at its first invalid token and build every verified position's mask; stage 3 masks the target's
+logits with them; stage 4 advances each grammar over the committed tokens only. A step with no
+constrained row does none of this.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +36,7 @@ from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost, tokens_fed
+from specdec.structured.state import GrammarState, apply_bitmask, step_masks
 from specdec.tree import ancestor_mask, compaction_moves, depths
 from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 
@@ -112,12 +120,17 @@ class Engine:
         """One batched step over ``seqs`` (running, unfinished); returns one output per sequence."""
         clock, device = self._clock, self.target.device
         clock.start()
-        sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device)
+        grammars = [s.grammar for s in seqs]
+        constrained = any(g is not None for g in grammars)
+        sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device,
+                                 grammars if constrained else None)
 
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs])
         draft = self.drafter.propose(seqs, ks, sampling) if self.drafter is not None and any(ks) else None
+        if constrained:  # drafts cut at their first invalid token; the masks of every verified position
+            draft, masks = self._constrain(grammars, draft, sampling)
         width = draft.tokens.shape[1] if draft is not None else 0
         num_drafted = draft.num_draft if draft is not None else [0] * len(seqs)
         clock.lap("drafting")
@@ -131,6 +144,8 @@ class Engine:
         batch.hidden_layers = self.hidden_layers
         forward = self.target.forward(batch, self.cache)
         logits = forward.logits
+        if constrained and width == 0:
+            logits = apply_bitmask(logits, masks[:, 0])
         clock.lap("target")
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
@@ -140,6 +155,8 @@ class Engine:
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
             target_logits = logits.view(len(seqs), width + 1, -1) if grid is None else logits[grid]  # [B, K+1, V]
+            if constrained:
+                target_logits = apply_bitmask(target_logits, masks)
             if sampling.all_greedy and draft.parents is None:
                 # Greedy chains are matched on the host: the step's one host sync reads the target's
                 # argmax and the drafts, [B, 2K+1], and each row keeps its matching prefix.
@@ -173,6 +190,8 @@ class Engine:
             n = row[-1]
             start = len(s.token_ids) - 1
             kept = s.commit(row[: n + 1])
+            if s.grammar is not None:
+                s.grammar.commit(kept)
             self.cache.set_length(s.slot, start + 1 + n)
             s.metrics.record_step(drafted, n, len(kept))
             accepted.append(n)
@@ -203,6 +222,24 @@ class Engine:
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
             fed, width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs
+
+    def _constrain(self, grammars: list[GrammarState | None], draft: DraftBatch | None, sampling: SamplingBatch
+                   ) -> tuple[DraftBatch | None, torch.Tensor]:
+        """Stage 1's end under constraints: the draft with each constrained chain cut at its first invalid
+        token (see :func:`specdec.structured.state.step_masks`) and the masks ``[B, K+1, W]`` of every
+        verified position (one host read of the drafts)."""
+        for g in grammars:
+            if g is not None:
+                g.end_draft()
+        rows, vocab = len(grammars), self.target.vocab_size
+        if draft is None:
+            return None, step_masks(grammars, [[]] * rows, [0] * rows, None, [False] * rows, vocab)[1]
+        parents = None if draft.parents is None else draft.parents.tolist()
+        sampled = [draft.probs is not None and not greedy for greedy in sampling.greedy_rows]
+        num_draft, masks = step_masks(grammars, draft.tokens.tolist(), draft.num_draft, parents, sampled, vocab)
+        if num_draft != draft.num_draft:
+            draft = dataclasses.replace(draft, num_draft=num_draft)
+        return draft, masks
 
     def _verify_batch(self, seqs: list[Sequence], draft: DraftBatch) -> tuple[ForwardBatch, torch.Tensor | None]:
         """The target's input for the step, and ``grid`` ``[B, K+1]``: the flat row of each

@@ -35,6 +35,8 @@ from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, r
 from specdec.sampling import SamplingParams, check_text
 from specdec.scheduler import Scheduler
 from specdec.sequence import Sequence
+from specdec.structured.grammar import GrammarCache
+from specdec.structured.state import GrammarState
 from specdec.text import TextTracker
 
 Prompt = str | dict[str, Any]
@@ -159,6 +161,8 @@ class LLM:
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self._lock = threading.RLock()
+        self._grammar_cache: GrammarCache | None = None  # built at the first constrained request
+        self._grammar_lock = threading.Lock()  # not the model's: a server handler compiles while a step runs
 
     @property
     def model_name(self) -> str:
@@ -229,7 +233,28 @@ class LLM:
             raise SpecDecError(
                 f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})"
             )
+        if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
+            with self._grammar_lock:
+                self._grammars().compile(params.structured_outputs)
         return params
+
+    def _grammars(self) -> GrammarCache:
+        if self._grammar_cache is None:
+            self._grammar_cache = GrammarCache(self.tokenizer, self.target.vocab_size, self._eos_ids)
+        return self._grammar_cache
+
+    def _grammar(self, params: SamplingParams) -> tuple[GrammarState | None, float]:
+        """A new grammar state for ``params.structured_outputs`` (None without one) and the seconds spent
+        compiling it (reported to the first request after its compilation, 0.0 for later ones), counted in
+        the batch metrics."""
+        if params.structured_outputs is None:
+            return None, 0.0
+        with self._grammar_lock:
+            matcher, seconds = self._grammars().matcher(params.structured_outputs)
+            if seconds:
+                self.engine.metrics.num_grammar_compiles += 1
+                self.engine.metrics.time_grammar_compile += seconds
+        return GrammarState(matcher, self._grammar_cache.eos_ids), seconds
 
     # ------------------------------------------------------------------ requests
     def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool) -> _Request:
@@ -244,6 +269,7 @@ class LLM:
                 max_new_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                 stop_ids=frozenset(stop_ids),
             )
+            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming))
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)

@@ -21,7 +21,8 @@ class RequestMetrics:
     stage: the middle model's forwards, the small model's draft tokens it verified and those it accepted
     (the outer stage, the middle model's tokens verified by the target, is ``num_draft_tokens`` and
     ``num_accepted_tokens``). ``k_choices``: with ``num_speculative_tokens="auto"``, the steps on which the
-    policy chose each k for the request (``{k: steps}``, 0 = no drafts).
+    policy chose each k for the request (``{k: steps}``, 0 = no drafts). ``time_grammar_compile``: seconds
+    spent compiling the request's structured-output constraint (0.0 when it was cached or there is none).
     """
 
     num_prompt_tokens: int = 0
@@ -41,6 +42,7 @@ class RequestMetrics:
     inner_draft_tokens: int = 0
     inner_accepted_tokens: int = 0
     k_choices: dict[int, int] = field(default_factory=dict)
+    time_grammar_compile: float = 0.0
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """Count one step that drafted ``num_drafted``, accepted ``num_accepted`` and emitted ``num_emitted``."""
@@ -93,7 +95,8 @@ class RequestMetrics:
         """Add another request's counters and timers into this one (for aggregates)."""
         for name in ("num_prompt_tokens", "num_generated_tokens", "num_steps", "num_drafts",
                      "num_draft_tokens", "num_accepted_tokens", "time_prefill", "time_drafting",
-                     "time_target", "time_other", "inner_steps", "inner_draft_tokens", "inner_accepted_tokens"):
+                     "time_target", "time_other", "inner_steps", "inner_draft_tokens", "inner_accepted_tokens",
+                     "time_grammar_compile"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
                              (self.drafted_per_position, other.drafted_per_position)):
@@ -132,6 +135,8 @@ class BatchMetrics:
     ``num_speculation_off_steps``: the steps on which it drafted for no row though some row could have
     (predicted speedup below 1, with the cost model calibrated by measured step times at that batch
     size (the guard of :mod:`specdec.adaptive`), and the cold-start and probe steps).
+    ``num_grammar_compiles`` and ``time_grammar_compile``: structured-output constraints compiled (cache
+    misses) and the seconds it took.
     """
 
     num_steps: int = 0
@@ -149,6 +154,8 @@ class BatchMetrics:
     inner_accepted_tokens: int = 0
     k_choices: dict[int, int] = field(default_factory=dict)
     num_speculation_off_steps: int = 0
+    num_grammar_compiles: int = 0
+    time_grammar_compile: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:

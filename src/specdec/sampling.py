@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.argmax import argmax
 from specdec.errors import SpecDecError
+from specdec.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from specdec.structured.state import GrammarState
 
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy: ``logits / temperature`` would overflow (and the
@@ -51,7 +56,9 @@ class SamplingParams:
     :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. A fixed ``seed`` (an
     integer in ``0..2**64-1``) makes a request reproducible whatever else runs in the same
     process. ``stop`` strings end generation; the returned text excludes the stop string.
-    ``stop`` and ``stop_token_ids`` are stored as tuples.
+    ``stop`` and ``stop_token_ids`` are stored as tuples. ``structured_outputs``: a constraint on the
+    output (a :class:`~specdec.structured.StructuredOutputsParams` or a dict of its fields; JSON schema,
+    regex, choice or grammar), exact under speculation (docs/structured-output.md).
     """
 
     temperature: float = 1.0
@@ -63,6 +70,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    structured_outputs: StructuredOutputsParams | dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +98,8 @@ class SamplingParams:
         ids = self._sequence(self.stop_token_ids, "stop_token_ids", int)
         if any(not _is_int(t) or t < 0 for t in ids):
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.structured_outputs is not None:
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         object.__setattr__(self, "stop", stops or None)
         object.__setattr__(self, "stop_token_ids", ids)
         object.__setattr__(self, "stop_strings", stops)
@@ -120,11 +130,16 @@ class SamplingBatch:
     (``temperature``, ``top_p``, ``min_p`` ``[B]`` float64, ``top_k`` ``[B]`` int64 with 0 for
     off, ``greedy`` ``[B]`` bool) only when a sampled row needs them: an all-greedy step copies
     nothing to the device.
+
+    ``grammars[b]``: row ``b``'s grammar state under a constraint (None without one); ``grammars`` is None
+    when no row is constrained, and then drafting does no constraint work at all
+    (:meth:`constrain_draft`, :meth:`advance_draft`).
     """
 
     def __init__(self, params: list[SamplingParams], generators: list[torch.Generator | None],
-                 device: torch.device) -> None:
+                 device: torch.device, grammars: list[GrammarState | None] | None = None) -> None:
         self.params, self.generators, self.device = list(params), list(generators), device
+        self.grammars = grammars if grammars is not None and any(g is not None for g in grammars) else None
         self.greedy_rows = [p.greedy for p in self.params]
         self.all_greedy = all(self.greedy_rows)
         self.any_top_k = any(p.top_k > 0 for p in self.params)
@@ -164,7 +179,33 @@ class SamplingBatch:
 
     def select(self, rows: list[int]) -> SamplingBatch:
         """The sub-batch of ``rows``."""
-        return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device)
+        grammars = None if self.grammars is None else [self.grammars[r] for r in rows]
+        return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device, grammars)
+
+    def unconstrained(self) -> SamplingBatch:
+        """The same rows without their constraints."""
+        return self if self.grammars is None else SamplingBatch(self.params, self.generators, self.device)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether some row is under a constraint."""
+        return self.grammars is not None
+
+    def constrain_draft(self, logits: torch.Tensor) -> torch.Tensor:
+        """A drafter's logits ``[B, V]`` for the next draft token, the tokens a constrained row's grammar
+        forbids after its drafts so far set to ``-inf`` (unchanged, and no work, without constraints)."""
+        if self.grammars is None:
+            return logits
+        from specdec.structured.state import constrain_draft
+
+        return constrain_draft(logits, self.grammars)
+
+    def advance_draft(self, tokens: torch.Tensor) -> None:
+        """The constrained rows' draft grammar states consume the drawn tokens ``[B]`` (no-op without constraints)."""
+        if self.grammars is not None:
+            from specdec.structured.state import advance_draft
+
+            advance_draft(tokens, self.grammars)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The sampling distribution of each row: logits ``[B, ..., V]`` -> probabilities, same shape.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.structured.state import GrammarState
 
 
 @dataclass(eq=False)
@@ -18,7 +22,8 @@ class Sequence:
     *pending* token, which the target has not cached yet. ``max_new_tokens`` is
     ``params.max_tokens`` capped by the context that is left; ``stop_ids`` the token ids that
     end it (``stop_token_ids`` plus end-of-sequence unless ``ignore_eos``). ``slot`` is the
-    KV-pool row it owns while running (-1 while waiting or after it finished).
+    KV-pool row it owns while running (-1 while waiting or after it finished). ``grammar``: the
+    state of its ``params.structured_outputs`` constraint (None without one).
     """
 
     request_id: str
@@ -31,6 +36,7 @@ class Sequence:
     slot: int = -1
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)

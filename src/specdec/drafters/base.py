@@ -335,7 +335,12 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
                 column: int, tokens: torch.Tensor) -> torch.Tensor:
     """Draft column ``column`` of the rows ``index`` ``[A]`` from their ``logits`` ``[A, V]``: the argmax
     (``probs`` None, every row greedy), else a sample of each row's sampling distribution, recorded in
-    ``probs`` ``[B, K, V]`` for verification. Writes ``tokens`` ``[B, K]``; returns the tokens ``[A]``."""
+    ``probs`` ``[B, K, V]`` for verification. Writes ``tokens`` ``[B, K]``; returns the tokens ``[A]``.
+
+    Rows under a constraint draw from their logits masked with the grammar state after their drafts so far,
+    and that state then consumes the drawn token (:meth:`SamplingBatch.constrain_draft`): the one place a
+    drafter's logits become draft tokens, so every method that draws through it proposes valid tokens only."""
+    logits = rows.constrain_draft(logits)
     if probs is None:
         token = argmax(logits)
     else:
@@ -343,6 +348,7 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
         token = rows.sample(q)
         probs[index, column] = q
     tokens[index, column] = token
+    rows.advance_draft(token)
     return token
 
 

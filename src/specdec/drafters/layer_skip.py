@@ -19,6 +19,7 @@ from specdec.drafters.base import (
     LoadOptions,
     SpeculativeConfig,
     draft_probs,
+    draw_column,
     register_drafter,
 )
 from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
@@ -236,15 +237,9 @@ class LayerSkipDrafter(Drafter):
                 keep = to_device(drafting, device)
                 logits, index, rows = logits[keep], index[keep], rows.select(drafting)
                 active = [active[j] for j in drafting]
-            if rows.all_greedy and probs is None:
-                feed = argmax(logits)
-            else:
-                if probs is None:
-                    probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
-                q = rows.probs(logits)
-                feed = rows.sample(q)
-                probs[index, i] = q
-            tokens[index, i] = feed
+            if probs is None and not rows.all_greedy:
+                probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
+            feed = draw_column(logits, rows, probs, index, i, tokens)
         for slot, start in zip(slots, starts):
             cache.set_length(slot, start)
         remaining = self.remaining if hidden is not None else None

@@ -99,7 +99,7 @@ class Submission:
         loop = asyncio.get_running_loop()
         self.prompt_tokens = sum(len(ids) for _, ids in prompts)
         self.jobs = [Job(p * fields.n + c, {"prompt": text, "prompt_token_ids": ids},
-                         fields.sampling_params(max_tokens, c), self.outbox, loop)
+                         state.llm.check_params(fields.sampling_params(max_tokens, c)), self.outbox, loop)
                      for p, (text, ids) in enumerate(prompts) for c in range(fields.n)]
         self.choices = [Choice() for _ in self.jobs]
         self._closed = True
@@ -279,6 +279,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
+    metrics.watch_grammars(llm.batch_metrics)
     state = ServerState(llm, EngineWorker(llm, metrics), metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, chat_template,
                         max_queue_len)

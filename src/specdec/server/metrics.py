@@ -14,8 +14,10 @@ first output are covered by the time to first token), end-to-end latency at the 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from specdec.engine import StepOutput
+from specdec.metrics import BatchMetrics
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -70,6 +72,11 @@ class ServerMetrics:
             model_name)
         self._model_name = model_name
 
+    def watch_grammars(self, batch: BatchMetrics) -> None:
+        """Expose the structured-output compilations counted in ``batch`` (read at each scrape):
+        ``specdec:grammar_compiles_total`` and ``specdec:grammar_compile_seconds_total``."""
+        self.registry.register(_GrammarCollector(batch, self._model_name))
+
     def record_step(self, outputs: list[StepOutput]) -> None:
         """Count one engine step: its batch size and each row's drafted and accepted tokens."""
         self.batch_size.observe(len(outputs))
@@ -102,3 +109,20 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _GrammarCollector:
+    """Counters read from the engine's :class:`BatchMetrics` when ``/metrics`` is scraped."""
+
+    def __init__(self, batch: BatchMetrics, model_name: str) -> None:
+        self.batch, self.model_name = batch, model_name
+
+    def collect(self):
+        compiles = CounterMetricFamily("specdec:grammar_compiles",
+                                       "Structured-output constraints compiled (grammar cache misses).",
+                                       labels=["model_name"])
+        compiles.add_metric([self.model_name], self.batch.num_grammar_compiles)
+        seconds = CounterMetricFamily("specdec:grammar_compile_seconds",
+                                      "Seconds spent compiling structured-output constraints.", labels=["model_name"])
+        seconds.add_metric([self.model_name], self.batch.time_grammar_compile)
+        return [compiles, seconds]

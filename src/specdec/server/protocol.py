@@ -7,6 +7,12 @@ checked by :class:`~specdec.sampling.SamplingParams` itself, so the server accep
 what the Python API accepts. Every problem is an :class:`APIError` carrying OpenAI's error
 shape ``{"error": {"message", "type", "param", "code"}}``.
 
+Structured output: ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
+"json_schema": {"schema": ...}}``; ``{"type": "text"}`` is no constraint) and vLLM's request fields
+``structured_outputs`` (its ``StructuredOutputsParams`` as an object), ``guided_json``, ``guided_regex``,
+``guided_choice`` and ``guided_grammar`` become the request's
+:class:`~specdec.structured.StructuredOutputsParams`; at most one of them per request.
+
 Usage extension: every ``usage`` object also has a ``specdec`` key with the request's
 speculative metrics summed over its choices (:data:`USAGE_EXTENSION`).
 """
@@ -17,10 +23,11 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
+from specdec.structured import StructuredOutputsParams
 
 USAGE_EXTENSION = "specdec"
 """The key under ``usage`` that carries the speculative metrics of a response: ``num_steps``,
@@ -28,8 +35,8 @@ USAGE_EXTENSION = "specdec"
 ``mean_acceptance_length`` (τ) and ``acceptance_rate`` (α)."""
 
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty",
-               "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format",
-               "parallel_tool_calls", "repetition_penalty")
+               "logit_bias", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+               "repetition_penalty")
 """OpenAI (and vLLM) fields this server refuses when set to anything but their neutral value."""
 
 MAX_N = 16
@@ -99,6 +106,25 @@ class StreamOptions(_Strict):
     """vLLM's extension: every chunk carries the usage of its choice so far."""
 
 
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is always honoured)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                 ("guided_grammar", "grammar"))
+"""vLLM's older request fields for a constraint, and the :class:`StructuredOutputsParams` field each sets."""
+
+
 class SamplingFields(_Strict):
     """The fields both endpoints share: model, sampling, stops, ``n`` and streaming."""
 
@@ -115,6 +141,12 @@ class SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -135,7 +167,29 @@ class SamplingFields(_Strict):
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                              ignore_eos=self.ignore_eos, seed=seed)
+                              ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint())
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The request's structured-output constraint, from whichever of ``response_format``,
+        ``structured_outputs`` and the ``guided_*`` fields it sets (more than one is a 400)."""
+        given: dict[str, StructuredOutputsParams] = {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given["response_format"] = StructuredOutputsParams(json_object=True)
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise APIError(400, "response_format of type 'json_schema' needs json_schema.schema",
+                               param="response_format.json_schema")
+            given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = StructuredOutputsParams.from_dict(self.structured_outputs)
+        for name, kind in GUIDED_FIELDS:
+            if getattr(self, name) is not None:
+                given[name] = StructuredOutputsParams(**{kind: getattr(self, name)})
+        if len(given) > 1:
+            raise APIError(400, f"a request takes one structured-output constraint, got {', '.join(given)}",
+                           param=next(iter(given)))
+        return next(iter(given.values()), None)
 
     @property
     def include_usage(self) -> bool:
