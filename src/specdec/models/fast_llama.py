@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from specdec.argmax import argmax
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
+from specdec.models.cpu_linear import linear, pack
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.hf import context_window
 
@@ -121,7 +122,7 @@ def attention_inputs(
     ``[R, heads, T, head_dim]`` and the new keys and values ``[R, kv_heads, T, head_dim]``."""
     rows, width = x.shape[:2]
     head_dim = cos.shape[-1]
-    qkv = F.linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
+    qkv = linear(rms_norm(x, norm, eps), qkv_weight, qkv_bias)
     qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split_with_sizes(
         (num_heads + num_kv_heads, num_kv_heads), dim=1)
     # rotate_half(x) * sin == x.roll(half) * [-sin_lo, sin_hi]
@@ -150,9 +151,9 @@ def attention_output_and_mlp(
     """The rest of a decoder layer: output projection and residual, norm, SwiGLU MLP and residual.
     ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``."""
     rows, width = x.shape[:2]
-    x = x + F.linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
-    gate, up = F.linear(rms_norm(x, norm, eps), gate_up_weight, gate_up_bias).chunk(2, -1)
-    return x + F.linear(F.silu(gate) * up, down_weight, down_bias)
+    x = x + linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
+    gate, up = linear(rms_norm(x, norm, eps), gate_up_weight, gate_up_bias).chunk(2, -1)
+    return x + linear(F.silu(gate) * up, down_weight, down_bias)
 
 
 @dataclass
@@ -173,6 +174,10 @@ def _cat_bias(*modules: torch.nn.Linear) -> torch.Tensor | None:
     if all(m.bias is None for m in modules):
         return None
     return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+
+
+def _plain(weight: torch.Tensor) -> torch.Tensor:
+    return weight
 
 
 @dataclass
@@ -213,7 +218,8 @@ class FastLlamaLM(CausalLM):
     supports_layer_subsets = True
     pads_rows = True
 
-    def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
+                 pack_weights: bool = True) -> None:
         config = model.config
         self.config = config
         self.name = name
@@ -242,20 +248,23 @@ class FastLlamaLM(CausalLM):
         self.final_norm = base.norm.weight
         self.lm_head = model.lm_head.weight
         self.vocab_size = self.lm_head.shape[0]
+        # The decoder layers' weights, packed for the CPU's matrix products where that pays
+        # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
+        packed = pack if pack_weights else _plain
         self.layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 _Layer(
                     input_norm=layer.input_layernorm.weight,
-                    qkv_weight=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                    qkv_weight=packed(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
                     qkv_bias=_cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
-                    o_weight=attn.o_proj.weight,
+                    o_weight=packed(attn.o_proj.weight),
                     o_bias=attn.o_proj.bias,
                     post_norm=layer.post_attention_layernorm.weight,
-                    gate_up_weight=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    gate_up_weight=packed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                     gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
-                    down_weight=mlp.down_proj.weight,
+                    down_weight=packed(mlp.down_proj.weight),
                     down_bias=mlp.down_proj.bias,
                 )
             )
