@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from specdec.argmax import argmax
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_pool_fits, to_device
+from specdec.models.cpu_linear import pack
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
 from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, tree_mask, wide_bucket
@@ -97,8 +98,15 @@ def _find(module: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
         return None
 
 
-def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer:
-    """A layer's weights through the family's weight map."""
+def _plain(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
+def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int,
+                packed: Callable[[torch.Tensor], torch.Tensor]) -> _Layer:
+    """A layer's weights through the family's weight map; ``packed`` turns each dense matrix of the
+    layer (q/k/v, o, gate/up, down) into the form :func:`~.cpu_linear.linear` runs fastest
+    (:func:`~.cpu_linear.pack`, or the weight itself). Experts and the router stay plain."""
     names, offset = spec.family.weights, spec.family.norm_offset
 
     def get(name: str | None) -> torch.nn.Module | None:
@@ -108,6 +116,7 @@ def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer
         return None if name is None else _norm_weight(get(name).weight, offset)
 
     qkv_weight, qkv_bias = _linear([get(n) for n in names.qkv])
+    qkv_weight = packed(qkv_weight)
     qk_norm = None
     if names.q_norm is not None:  # one weight row per head: [heads + kv_heads, 1, head_dim]
         q, k = get(names.q_norm).weight, get(names.k_norm).weight
@@ -119,12 +128,12 @@ def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int) -> _Layer
     bank = _find(layer, names.experts)
     if bank is not None:
         experts = (get(names.router).weight, bank.gate_up_proj, bank.down_proj)
-        output = (o.weight, o.bias, out_norm, mlp_norm)
+        output = (packed(o.weight), o.bias, out_norm, mlp_norm)
     else:
         gate_up_weight, gate_up_bias = _linear([get(n) for n in names.gate_up])
         down = get(names.down)
-        output = (o.weight, o.bias, out_norm, mlp_norm, gate_up_weight, gate_up_bias, down.weight, down.bias,
-                  mlp_out_norm)
+        output = (packed(o.weight), o.bias, out_norm, mlp_norm, packed(gate_up_weight), gate_up_bias,
+                  packed(down.weight), down.bias, mlp_out_norm)
     return _Layer((attn_norm, qkv_weight, qkv_bias, qk_norm), output, experts, spec.windows[index],
                   spec.rope_types[index])
 
@@ -136,7 +145,8 @@ class FastLlamaLM(CausalLM):
     supports_layer_subsets = True
     pads_rows = True
 
-    def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
+                 pack_weights: bool = True) -> None:
         config = model.config
         self.config = config
         self.name = name
@@ -169,7 +179,10 @@ class FastLlamaLM(CausalLM):
         self.final_norm = _norm_weight(base.norm.weight, self.offset)
         self.lm_head = model.lm_head.weight
         self.vocab_size = self.lm_head.shape[0]
-        self.layers = [_read_layer(layer, spec, i) for i, layer in enumerate(base.layers)]
+        # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
+        # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
+        packed = pack if pack_weights else _plain
+        self.layers = [_read_layer(layer, spec, i, packed) for i, layer in enumerate(base.layers)]
         self.num_layers = len(self.layers)
         # cos/sin for every position, computed once by the model's own rotary module (per layer type
         # where the family's rotary differs by layer type).

@@ -3,7 +3,8 @@ each family (:mod:`.families`): norms, the attention inputs (projection, q/k nor
 attention itself (SDPA, or explicit where scores are soft-capped), the dense MLP and routed experts.
 
 They call torch's operators directly, not their Python wrappers where that saves a call: on a CPU
-a small model's step is bound by per-call cost. Matrix products are plain ``F.linear(x, w, b)``.
+a small model's step is bound by per-call cost. A dense layer's matrix products go through
+:func:`~.cpu_linear.linear` (a oneDNN-prepacked weight on a CPU in bfloat16, else ``F.linear``).
 Under CUDA graphs :mod:`.fast_llama` compiles the first and the last two with torch.compile; every
 argument that is not a tensor is a constant there (dims, eps, flags, the activation's name).
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from specdec.models.cpu_linear import linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
@@ -53,7 +56,7 @@ def attention_inputs(
     or None) and rotary embedding of ``x`` ``[R, T, H]``: returns ``q`` ``[R, heads, T, head_dim]`` and the
     new keys and values ``[R, kv_heads, T, head_dim]``."""
     rows, width = x.shape[:2]
-    qkv = F.linear(rms_norm(x, norm, eps, offset), qkv_weight, qkv_bias)
+    qkv = linear(rms_norm(x, norm, eps, offset), qkv_weight, qkv_bias)
     head_dim = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split_with_sizes(
         (num_heads + num_kv_heads, num_kv_heads), dim=1)
@@ -102,7 +105,7 @@ def attention_output(
     """Output projection (then the post-attention norm, if any) and residual, then the MLP's input norm.
     ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``; returns the residual stream and the MLP's input."""
     rows, width = x.shape[:2]
-    out = F.linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
+    out = linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
     if out_norm is not None:
         out = rms_norm(out, out_norm, eps, offset)
     x = x + out
@@ -118,8 +121,8 @@ def attention_output_and_mlp(
     """The rest of a dense decoder layer: :func:`attention_output`, the gated MLP (``act(gate) * up``),
     its output norm if any, and the residual. ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``."""
     x, h = attention_output(x, attn, o_weight, o_bias, out_norm, mlp_norm, eps, offset)
-    gate, up = F.linear(h, gate_up_weight, gate_up_bias).chunk(2, -1)
-    out = F.linear(activation(gate, act) * up, down_weight, down_bias)
+    gate, up = linear(h, gate_up_weight, gate_up_bias).chunk(2, -1)
+    out = linear(activation(gate, act) * up, down_weight, down_bias)
     if mlp_out_norm is not None:
         out = rms_norm(out, mlp_out_norm, eps, offset)
     return x + out

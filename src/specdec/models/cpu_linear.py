@@ -1,0 +1,52 @@
+"""The fast backend's matrix products on a CPU: oneDNN-prepacked bfloat16 weights.
+
+``F.linear`` over a plain ``[out, in]`` bfloat16 weight reorders the weight's blocks on every call;
+a weight packed once into oneDNN's own blocked layout (an opaque ``torch._mkldnn`` tensor) is read
+as it lies. On the 2-core AMD EPYC (Zen 4, avx512_bf16, torch 2.13), one row through the 1b shape's
+matrices ran at 16-20 GB/s with ``F.linear`` and 26-33 GB/s packed, 2-5 rows (verification) at
+17-21 against 30-45 GB/s, and 64 rows (compute bound) 1.15-1.2x faster; see
+``docs/cpu-performance.md``. The packed product gives the same values as ``F.linear`` where both run
+the same oneDNN kernel and otherwise differs by bfloat16 rounding of the output.
+
+:func:`pack` replaces a weight by its packed copy where that pays (:func:`packs`: a CPU, bfloat16,
+oneDNN with bfloat16 support); :func:`linear` runs whichever it is given. Float32 and float64 weights
+and every CUDA weight stay plain (float16 packing needs avx512_fp16 or avx_ne_convert, which this
+CPU lacks). A packed weight has no strides or storage that other code could read: only the fast
+backend's own decoder-layer weights are packed, never a tensor it shares (the embeddings and the
+output head, which head drafters, draft vocabularies and ``output_head`` row subsets read).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PACKED_DTYPES = (torch.bfloat16,)
+"""Model dtypes whose CPU decoder-layer weights are packed."""
+
+
+def packs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether :func:`pack` packs weights of ``dtype`` on ``device``."""
+    return (device.type == "cpu" and dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` in oneDNN's packed layout (a ``torch._mkldnn`` tensor of the same shape
+    and dtype) where :func:`packs` says so, else ``weight`` itself. The caller drops its plain copy."""
+    if not packs(weight.device, weight.dtype):
+        return weight
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``: ``x`` ``[..., in]``, ``weight`` ``[out, in]`` plain or packed, ``bias``
+    ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is a packed weight of :func:`pack`."""
+    return weight.is_mkldnn
