@@ -87,11 +87,11 @@ class SamplingParams:
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise SpecDecError(f"seed must be None or an integer in 0..2**64-1, got {self.seed!r}")
+        if isinstance(self.stop, (list, tuple)) and len(self.stop) > MAX_STOP_STRINGS:
+            raise SpecDecError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
         stops = self._sequence(self.stop, "stop", str)
         if any(not s for s in stops):
             raise SpecDecError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        if len(stops) > MAX_STOP_STRINGS:
-            raise SpecDecError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
         if any(len(s) > MAX_STOP_LENGTH for s in stops):
             longest = max(len(s) for s in stops)
             raise SpecDecError(f"stop has a string of {longest} characters; at most {MAX_STOP_LENGTH} are allowed")

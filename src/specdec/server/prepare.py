@@ -10,7 +10,9 @@ model (the Python API's own checks, :meth:`~specdec.llm.LLM.check_params`). Ever
 Limits (each refusal is a 400 that states its limit):
 
 - the body: UTF-8 JSON, integers of at most 4,300 digits, nested at most :data:`MAX_JSON_DEPTH`
-  levels, no lone surrogate in any string or field name;
+  levels, no lone surrogate in any string or field name, at most ``max_sequences * max_model_len
+  +`` :data:`JSON_VALUES_SLACK` values (counted as commas, before parsing: the token ids of the
+  largest request, and room for the other fields);
 - the sequences of one request (prompts × ``n``): at most ``max_num_seqs + max_queue_len``;
 - a text prompt (or a chat's message texts together): at most ``max_prompt_bytes`` UTF-8 bytes,
   :data:`PROMPT_BYTES_PER_TOKEN` per token of ``max_model_len`` unless set; a token-id prompt:
@@ -32,6 +34,8 @@ from specdec.server.protocol import APIError, ChatRequest, CompletionRequest, Sa
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body."""
+JSON_VALUES_SLACK = 4096
+"""Values a body may have beyond the token ids of its prompts."""
 PROMPT_BYTES_PER_TOKEN = 32
 """The default text prompt limit is this many UTF-8 bytes per token of ``max_model_len``."""
 
@@ -48,8 +52,13 @@ class Prepared:
     max_tokens: int
 
 
-def read_json(body: bytes) -> Any:
-    """The JSON value of a request body, or a 400 naming what is wrong with it."""
+def read_json(body: bytes, max_values: int) -> Any:
+    """The JSON value of a request body, or a 400 naming what is wrong with it. A body of more than
+    ``max_values`` comma-separated values is refused before it is parsed (parsing holds the GIL)."""
+    commas = body.count(b",")
+    if commas >= max_values:
+        raise APIError(400, f"the request body has {commas + 1} or more values (commas); this server takes at most "
+                            f"{max_values} values in one request")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -108,6 +117,7 @@ class Preparer:
         self.llm, self.served_model_name, self.chat_template = llm, served_model_name, chat_template
         self.max_sequences = max_sequences
         self.max_prompt_bytes = max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * llm.max_model_len
+        self.max_values = max_sequences * llm.max_model_len + JSON_VALUES_SLACK
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-prepare")
 
     def close(self) -> None:
@@ -115,7 +125,7 @@ class Preparer:
 
     # ------------------------------------------------------------------ endpoints (preparer thread)
     def completion(self, body: bytes) -> Prepared:
-        req: CompletionRequest = parse(CompletionRequest, read_json(body))
+        req: CompletionRequest = parse(CompletionRequest, read_json(body, self.max_values))
         self._check_model(req.model)
         prompts = req.prompts()
         self._check_count(len(prompts), req.n)
@@ -127,7 +137,7 @@ class Preparer:
         return Prepared(req, encoded, req.max_tokens)
 
     def chat(self, body: bytes) -> Prepared:
-        req: ChatRequest = parse(ChatRequest, read_json(body))
+        req: ChatRequest = parse(ChatRequest, read_json(body, self.max_values))
         self._check_model(req.model)
         self._check_count(1, req.n)
         conversation = req.conversation()

@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
@@ -164,6 +164,17 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = 16
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        """Checked by hand, one pass per list: pydantic's union would validate a long list of token ids
+        as strings first, building an error per item (seconds for a million ids)."""
+        if isinstance(value, str) or isinstance(value, list) and (
+                all(type(t) is int for t in value) or all(isinstance(t, str) for t in value)
+                or all(isinstance(p, list) and all(type(t) is int for t in p) for p in value)):
+            return value
+        raise ValueError(f"prompt must be {DESCRIPTIONS['prompt']}")
 
     def prompts(self) -> list[str | dict[str, Any]]:
         """The prompts as :meth:`specdec.llm.LLM.encode_prompt` takes them."""
