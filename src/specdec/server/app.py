@@ -58,6 +58,20 @@ class ServerState:
     created: int = field(default_factory=now)
     outstanding: int = 0
     draining: bool = False
+    in_flight: set[Submission] = field(default_factory=set)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def drain(self, grace: float) -> None:
+        """Stop admitting; after ``grace`` seconds end every request still in flight with a 503 in
+        OpenAI's shape (streams: an error event, then ``[DONE]``). Call on the event loop, before the
+        ASGI server's own graceful timeout cancels the requests with no answer."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(grace, self.end_in_flight)
+
+    def end_in_flight(self) -> None:
+        for submission in list(self.in_flight):
+            submission.end(ShuttingDown("the server is shutting down: the request did not finish within the "
+                                        "graceful shutdown timeout"))
 
     def admit(self, count: int) -> None:
         """Count ``count`` new sequences in, or refuse them (503 draining, 429 queue full)."""
@@ -99,13 +113,20 @@ class Submission:
     def start(self) -> None:
         self.state.admit(len(self.jobs))
         self._closed = False
+        self.state.in_flight.add(self)
         for job in self.jobs:
             self.state.worker.submit(job)
+
+    def end(self, error: ShuttingDown) -> None:
+        """End the request now: its handler gets ``error`` next; unfinished sequences are aborted."""
+        self.outbox.put_nowait((None, error))
+        self.close()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self.state.in_flight.discard(self)
         self.state.outstanding -= len(self.jobs)
         for job, choice in zip(self.jobs, self.choices):
             if choice.finish_reason is None:
@@ -281,6 +302,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        state.loop = asyncio.get_running_loop()
         state.worker.start()
         try:
             yield

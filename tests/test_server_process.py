@@ -1,12 +1,15 @@
-"""A huge request does not stall the other clients: the embedded pair served by a real ``specdec
-serve`` process on loopback (CPU), a running stream's inter-chunk gaps measured while huge bodies
-(multi-megabyte text, token-id and chat prompts, 100,000 stop strings) are sent."""
+"""``specdec serve`` as a real process on loopback, serving the embedded pair on CPU: a huge request
+stalls no running stream (its inter-chunk gaps measured while multi-megabyte text, token-id and
+chat prompts and 100,000 stop strings are sent), and a shutdown past ``--graceful-timeout`` ends
+every request in flight in OpenAI's shape."""
 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -97,3 +100,46 @@ def test_a_huge_request_does_not_stall_a_running_stream():
     finally:
         status, log = server.stop()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_shutdown_past_the_graceful_timeout_answers_every_request():
+    """SIGTERM with 6 long requests in flight (2 running, 4 queued; half streaming) and a 1 s grace:
+    each stream ends with an error event and ``[DONE]``, each other request gets a 503 JSON error, the
+    process exits with status 0 and logs no traceback."""
+    server = ServeProcess("--log-level", "info", "--max-num-seqs", "2", "--graceful-timeout", "1")
+    started = threading.Event()
+
+    def request(stream: bool) -> tuple[int, list[str] | dict]:
+        body = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "stream": stream}
+        with httpx.stream("POST", server.root + "/v1/completions", json=body, timeout=60) as response:
+            if not stream:
+                return response.status_code, json.loads(response.read())
+            lines = []
+            for line in response.iter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+            return response.status_code, lines
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(request, i % 2 == 0) for i in range(6)]
+            assert started.wait(60), "no stream started"
+            time.sleep(0.5)
+            assert not any(f.done() for f in futures), "a request finished before the shutdown"
+            begin = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            results = [f.result(timeout=60) for f in futures]
+            ended = time.monotonic() - begin
+    finally:
+        status, log = server.stop()
+    for i, (code, got) in enumerate(results):
+        assert code == (200 if i % 2 == 0 else 503), (code, got)
+        if i % 2 == 0:
+            assert got[-1] == "data: [DONE]", got[-3:]
+            error = json.loads(got[-2].removeprefix("data: "))["error"]
+        else:
+            error = got["error"]
+        assert set(error) == {"message", "type", "param", "code"} and "shutting down" in error["message"]
+    assert status == 0 and ended < 30, (status, ended)
+    assert "Traceback" not in log and "Cancel" not in log, log[-3000:]
