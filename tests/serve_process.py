@@ -15,9 +15,16 @@ import httpx
 
 
 class ServeProcess:
-    """``python -m specdec.cli serve ARGS`` on 127.0.0.1; ``stop()`` sends SIGTERM and returns (status, log)."""
+    """``python -m specdec.cli serve ARGS`` on 127.0.0.1 (log level info: the bind is checked in the log);
+    ``stop()`` sends SIGTERM and returns (status, log)."""
 
-    def __init__(self, *args: str, start_timeout: float = 180.0) -> None:
+    def __init__(self, *args: str, start_timeout: float = 180.0, attempts: int = 3) -> None:
+        for attempt in range(attempts):  # the free port may be taken by another process before it binds
+            if self._start(args, start_timeout) or attempt == attempts - 1:
+                break
+        assert self.proc.poll() is None, f"the server exited: {self.output()[-3000:]}"
+
+    def _start(self, args: tuple[str, ...], start_timeout: float) -> bool:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -29,16 +36,16 @@ class ServeProcess:
                                      stdout=self.log, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "SPECDEC_API_KEY": ""})
         deadline = time.monotonic() + start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited: {self.output()}")
+        while self.proc.poll() is None:
             assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(self.root + "/health", timeout=1).status_code == 200:
-                    return
+            try:  # ours, not another process on the same port: uvicorn logs its bind (log level info)
+                bound = f"running on http://127.0.0.1:{self.port}" in self.output()
+                if bound and httpx.get(self.root + "/health", timeout=1).status_code == 200:
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        return False
 
     def stop(self, timeout: float = 60.0) -> tuple[int, str]:
         """SIGTERM, wait (then SIGKILL past ``timeout``); the exit status and everything it printed."""
