@@ -22,6 +22,8 @@ from specdec.cli import main
         ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
         ({"top_k": -3}, "top_k must be an integer >= -1"),
         ({"stop": [""]}, "stop must be a non-empty string"),
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop has 17 strings; at most 16"),
+        ({"stop": "x" * 257}, "stop has a string of 257 characters; at most 256"),
     ],
 )
 def test_bad_sampling_params(kwargs, message):
@@ -331,6 +333,15 @@ def test_none_in_the_sampling_params_list_means_the_defaults(llm):
 def test_out_of_vocabulary_stop_token_in_a_stream(llm):
     with pytest.raises(SpecDecError, match="outside the vocabulary"):
         llm.stream({"prompt_token_ids": [1, 2]}, SamplingParams(stop_token_ids=[96]))
+
+
+def test_submit_checks_params_as_generate_does(llm):
+    """A serving loop's ``submit`` runs the same checks as ``generate`` (it once skipped them)."""
+    with pytest.raises(SpecDecError, match="outside the vocabulary"):
+        llm.submit({"prompt_token_ids": [1, 2]}, SamplingParams(stop_token_ids=[96]))
+    with pytest.raises(SpecDecError, match="sampling_params must be SamplingParams"):
+        llm.submit({"prompt_token_ids": [1, 2]}, {"temperature": 0})
+    assert not llm.scheduler.has_work
 
 
 @pytest.mark.parametrize(

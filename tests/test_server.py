@@ -243,14 +243,32 @@ def test_bad_requests_get_400_in_openai_shape(spec_server):
     assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
 
 
-def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server):
+def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server, monkeypatch):
     error = error_of(lambda: spec_server.client().completions.create(model="other", prompt="x"), 404)
     assert error["code"] == "model_not_found"
     response = httpx.get(spec_server.root + "/v2/nothing")
     assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
     client = plain_server.client(KEY)
-    error = error_of(lambda: client.completions.create(model="tiny", prompt="x", n=4), 429)  # 2 slots + 1 queued
-    assert "queue is full" in error["message"]
+    # 2 slots + 1 queued: 4 sequences can never run, whatever the load (400, not 429 "retry later").
+    error = error_of(lambda: client.completions.create(model="tiny", prompt="x", n=4), 400)
+    assert "at most 3" in error["message"] and error["param"] == "n"
+    llm = plain_server.state.llm
+    step = llm.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(llm, "step", slow_step)
+    with httpx.stream("POST", plain_server.root + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "x", "n": 3, "max_tokens": 150, "ignore_eos": True, "stream": True}) as busy:
+        lines = busy.iter_lines()
+        first = next(lines)
+        assert first.startswith("data: ") and busy.status_code == 200, first
+        error = error_of(lambda: client.completions.create(model="tiny", prompt="x"), 429)  # full right now
+        assert "queue is full" in error["message"]
+    monkeypatch.setattr(llm, "step", step)
+    plain_server.settle()
     error = error_of(lambda: client.completions.create(model="tiny", prompt="x" * 30_000), 413)
     assert "larger than" in error["message"]
     assert client.completions.create(model="tiny", prompt="x", n=3, max_tokens=3).usage.completion_tokens > 0
@@ -270,20 +288,20 @@ def test_disconnect_aborts_and_frees_the_slot(spec_server, monkeypatch):
     llm = spec_server.state.llm
     step = llm.step
 
-    def slow_step():  # a tiny model finishes 190 tokens too fast for a client to leave in between
+    def slow_step():  # a tiny model finishes 180 tokens too fast for a client to leave in between
         time.sleep(0.02)
         return step()
 
     monkeypatch.setattr(llm, "step", slow_step)
     aborted = spec_server.value("specdec:request_aborted_total")
     with httpx.stream("POST", spec_server.root + "/v1/completions",
-                      json={"prompt": "x = 1\n", "max_tokens": 5000, "ignore_eos": True, "stream": True}) as response:
+                      json={"prompt": "x = 1\n", "max_tokens": 180, "ignore_eos": True, "stream": True}) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         assert spec_server.value("vllm:num_requests_running") == 1
     with pytest.raises(httpx.ReadTimeout):  # a non-streaming request whose client gives up
         httpx.post(spec_server.root + "/v1/completions", timeout=0.5,
-                   json={"prompt": "x = 1\n", "max_tokens": 5000, "ignore_eos": True})
+                   json={"prompt": "x = 1\n", "max_tokens": 180, "ignore_eos": True})
     spec_server.settle()
     assert spec_server.value("specdec:request_aborted_total") == aborted + 2
     monkeypatch.setattr(llm, "step", step)

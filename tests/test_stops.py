@@ -4,6 +4,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
@@ -161,3 +163,115 @@ def test_multibyte_stop_string_split_across_tokens(tokenizer_dir, stop, streamin
     assert tracker.stopped
     assert tracker.text == text[: text.index(stop)]
     assert stop in tokenizer.decode(ids[:kept]) and stop not in tokenizer.decode(ids[: kept - 1])
+
+
+class ByteChunks:
+    """A tokenizer whose tokens are the given byte strings: ``decode`` joins them and decodes UTF-8 with
+    U+FFFD for incomplete characters, as byte-level tokenizers do."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.chunks[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def cut_at_first_stop(decode, ids: list[int], stops: tuple[str, ...]) -> tuple[str, int]:
+    """The reference, by brute force: the text of the shortest token prefix whose decoded text holds a
+    stop string, cut where the first one starts."""
+    for k in range(1, len(ids) + 1):
+        text = decode(ids[:k])
+        found = [i for s in stops if (i := text.find(s)) >= 0]
+        if found:
+            return text[: min(found)], k
+    return decode(ids), len(ids)
+
+
+def run_tracker(tokenizer, ids: list[int], steps: list[int], stops: tuple[str, ...], streaming: bool):
+    """Feed ``ids`` in steps of the given sizes; (streamed text, final text, tokens kept). Asserts that
+    what was streamed so far is always a prefix of the final text."""
+    from specdec.text import TextTracker
+
+    tracker = TextTracker(tokenizer, stops, streaming=streaming)
+    streamed, kept, start = "", 0, 0
+    partial = []
+    for size in steps:
+        group = ids[start : start + size]
+        start += size
+        if not group:
+            break
+        kept += tracker.add(group)
+        final = tracker.stopped or start >= len(ids)
+        piece = tracker.delta(final=final) if streaming else ""
+        streamed += piece
+        partial.append(streamed)
+        if final:
+            break
+    text = tracker.finish()
+    assert all(text.startswith(p) for p in partial), (partial, text)
+    return streamed, text, kept
+
+
+ALPHABET = st.sampled_from(["a", "b", " ", "\n", "é", "ß", "中", "文", "€", "→", "🙂", "👨", "\u200d", "👩", "👧",
+                            "𝄞"])
+MULTIBYTE_TEXT = st.lists(ALPHABET, min_size=1, max_size=14).map("".join)
+
+
+@st.composite
+def text_splits_and_stops(draw):
+    text = draw(MULTIBYTE_TEXT)
+    data = text.encode()
+    cuts = sorted(draw(st.sets(st.integers(1, len(data) - 1), max_size=len(data) - 1))) if len(data) > 1 else []
+    bounds = [0, *cuts, len(data)]
+    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def substring():
+        i = draw(st.integers(0, len(text) - 1))
+        return text[i : i + draw(st.integers(1, 4))]
+
+    stops = tuple(draw(st.lists(st.one_of(st.builds(substring), MULTIBYTE_TEXT.map(lambda s: s[:4])),
+                                min_size=1, max_size=3)))
+    steps = draw(st.lists(st.integers(1, 4), min_size=len(chunks), max_size=len(chunks)))
+    return text, chunks, stops, steps
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=text_splits_and_stops())
+@example(case=("a🙂🙂b", [b"a", *[bytes([c]) for c in "🙂🙂".encode()], b"b"], ("🙂🙂",), [1] * 10))
+@example(case=("x中文y", [bytes([c]) for c in "x中文y".encode()], ("中文",), [1] * 8))
+@example(case=("ab🙂c", [b"a", b"b", *[bytes([c]) for c in "🙂".encode()], b"c"], ("ab🙂",), [1] * 7))
+def test_streamed_text_equals_text_cut_at_the_first_stop(case):
+    """Random multi-byte texts split into tokens at random bytes (mid-character included), random stop
+    strings, random tokens per step: the streamed deltas, the non-streamed text and the brute-force
+    reference agree, and the tokens kept end with the one that completed the stop string."""
+    text, chunks, stops, steps = case
+    tokenizer = ByteChunks(chunks)
+    ids = list(range(len(chunks)))
+    expected, expected_kept = cut_at_first_stop(tokenizer.decode, ids, stops)
+    streamed, final, kept = run_tracker(tokenizer, ids, steps, stops, streaming=True)
+    _, not_streamed, kept_not_streamed = run_tracker(tokenizer, ids, steps, stops, streaming=False)
+    assert streamed == final == not_streamed == expected
+    assert kept == kept_not_streamed == expected_kept
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=MULTIBYTE_TEXT, data=st.data())
+def test_stops_with_a_real_byte_level_tokenizer(tokenizer_dir, text, data):
+    """The same property through the test suite's byte-level BPE tokenizer (its own token splits)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = tokenizer(text)["input_ids"]
+    i = data.draw(st.integers(0, len(text) - 1))
+    stops = (text[i : i + data.draw(st.integers(1, 3))], *data.draw(st.lists(MULTIBYTE_TEXT, max_size=2)))
+    steps = data.draw(st.lists(st.integers(1, 3), min_size=len(ids), max_size=len(ids)))
+
+    def decode(prefix):
+        return tokenizer.decode(prefix, skip_special_tokens=True)
+
+    expected, expected_kept = cut_at_first_stop(decode, ids, stops)
+    streamed, final, kept = run_tracker(tokenizer, ids, steps, stops, streaming=True)
+    _, not_streamed, _ = run_tracker(tokenizer, ids, steps, stops, streaming=False)
+    assert streamed == final == not_streamed == expected
+    assert kept == expected_kept
+

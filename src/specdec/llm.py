@@ -203,6 +203,7 @@ class LLM:
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
                 raise SpecDecError("prompt_token_ids must be a list of integers")
+            self._check_length(len(ids))
             bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
             if bad:
                 raise SpecDecError(
@@ -213,13 +214,16 @@ class LLM:
             raise SpecDecError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
         if not ids:
             raise SpecDecError("empty prompt")
-        if len(ids) >= self.max_model_len:
+        self._check_length(len(ids))
+        return text, ids
+
+    def _check_length(self, num_tokens: int) -> None:
+        if num_tokens >= self.max_model_len:
             limit = (f"max_model_len is {self.max_model_len}" if self.max_model_len < self.target.max_length
                      else f"the context window of {self.model_name!r} is {self.target.max_length} tokens")
             raise SpecDecError(
-                f"prompt of {len(ids)} tokens is too long: {limit} (at least one token must remain for the output)"
+                f"prompt of {num_tokens} tokens is too long: {limit} (at least one token must remain for the output)"
             )
-        return text, ids
 
     def check_params(self, params: object) -> SamplingParams:
         """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`
@@ -300,10 +304,12 @@ class LLM:
 
         After each ``step`` the handle's ``pending`` deque holds the request's new
         :class:`StreamOutput` objects (text deltas; the last one ``finished``); ``error`` is set when a
-        step failed. A bad prompt raises here. ``abort(handle.seq.request_id)`` cancels it.
+        step failed. A bad prompt or bad parameters raise here (the checks of :meth:`generate`).
+        ``abort(handle.seq.request_id)`` cancels it.
         """
+        params = self.check_params(sampling_params)
         text, prompt_ids = self.encode_prompt(prompt)
-        return self._submit(text, prompt_ids, sampling_params or SamplingParams(), streaming=True)
+        return self._submit(text, prompt_ids, params, streaming=True)
 
     def step(self) -> list[StepOutput]:
         """Run one step for every running sequence (admitting waiting ones) and file each output with

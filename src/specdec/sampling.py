@@ -26,6 +26,10 @@ GREEDY_TEMPERATURE = 1e-5
 distribution is a one-hot on the argmax anyway, up to ties)."""
 
 MAX_SEED = 2**64 - 1
+MAX_STOP_STRINGS = 16
+"""Most stop strings one request may have (OpenAI's API allows 4)."""
+MAX_STOP_LENGTH = 256
+"""Longest stop string, in characters (a stream holds back this many characters, less one)."""
 
 
 def _is_int(value: object) -> bool:
@@ -55,7 +59,8 @@ class SamplingParams:
     ``temperature=0`` is greedy decoding, and so is any temperature below
     :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. A fixed ``seed`` (an
     integer in ``0..2**64-1``) makes a request reproducible whatever else runs in the same
-    process. ``stop`` strings end generation; the returned text excludes the stop string.
+    process. ``stop`` strings end generation; the returned text excludes the stop string (at most
+    :data:`MAX_STOP_STRINGS` strings of at most :data:`MAX_STOP_LENGTH` characters).
     ``stop`` and ``stop_token_ids`` are stored as tuples. ``structured_outputs``: a constraint on the
     output (a :class:`~specdec.structured.StructuredOutputsParams` or a dict of its fields; JSON schema,
     regex, choice or grammar), exact under speculation (docs/structured-output.md).
@@ -90,9 +95,14 @@ class SamplingParams:
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise SpecDecError(f"seed must be None or an integer in 0..2**64-1, got {self.seed!r}")
+        if isinstance(self.stop, (list, tuple)) and len(self.stop) > MAX_STOP_STRINGS:
+            raise SpecDecError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
         stops = self._sequence(self.stop, "stop", str)
         if any(not s for s in stops):
             raise SpecDecError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if any(len(s) > MAX_STOP_LENGTH for s in stops):
+            longest = max(len(s) for s in stops)
+            raise SpecDecError(f"stop has a string of {longest} characters; at most {MAX_STOP_LENGTH} are allowed")
         for s in stops:
             check_text(s, "a stop string")
         ids = self._sequence(self.stop_token_ids, "stop_token_ids", int)

@@ -11,6 +11,11 @@ class TextTracker:
     returns the text that is safe to stream: never a part of a possible stop string, nor an
     incomplete UTF-8 sequence.
 
+    The decoded text ends in U+FFFD while the bytes of its last character are incomplete; those
+    replacement characters are not text yet (the next token may turn them into a character that
+    completes a stop string), so the ``hold_back`` characters that may start a stop string are
+    counted back from the text before them.
+
     Without stop strings and without streaming, text is decoded once, by ``finish``.
     """
 
@@ -37,9 +42,8 @@ class TextTracker:
                 self.text = self._decode()
             return len(token_ids)
         for kept, token in enumerate(token_ids, start=1):
-            # Trailing U+FFFD are bytes of a character not complete yet: the next token may replace them
-            # with the character that completes a stop string, so the search starts before them.
-            searched_from = max(0, len(self.text.rstrip("\ufffd")) - self.hold_back)
+            # A stop string that starts before the last hold_back decoded characters was found already.
+            searched_from = max(0, _decoded_len(self.text) - self.hold_back)
             self.token_ids.append(token)
             self.text = self._decode()
             cut = min((i for s in self.stop_strings if (i := self.text.find(s, searched_from)) >= 0), default=-1)
@@ -59,9 +63,12 @@ class TextTracker:
         """Text not streamed yet; unless ``final``, holds back what a stop string or UTF-8 may change."""
         end = len(self.text)
         if not final:
-            end = max(self._streamed, end - (self.hold_back if self.stop_strings else 0))
-            while end > self._streamed and self.text[end - 1] == "\ufffd":
-                end -= 1
+            end = max(self._streamed, _decoded_len(self.text) - (self.hold_back if self.stop_strings else 0))
         piece = self.text[self._streamed : end]
         self._streamed = end
         return piece
+
+
+def _decoded_len(text: str) -> int:
+    """Length of ``text`` without its trailing U+FFFD (the bytes of a character not complete yet)."""
+    return len(text.rstrip("\ufffd"))

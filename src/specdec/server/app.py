@@ -1,11 +1,14 @@
 """The ASGI app: ``create_app(llm)`` builds the FastAPI application of an OpenAI-compatible server.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``. Handlers validate, encode the prompt, and hand jobs to the
-single :class:`~specdec.server.worker.EngineWorker`; they never touch model state. The worker
+``GET /health``, ``GET /metrics``. Handlers have the body parsed, validated, bounded and encoded
+in the :class:`~specdec.server.prepare.Preparer`'s thread (never on the event loop, so a large or
+slow request stalls no other client), and hand jobs to the single
+:class:`~specdec.server.worker.EngineWorker`; they never touch model state. The worker
 starts and stops with the app's lifespan, so the app runs under any ASGI server.
 
-Errors use OpenAI's shape: 400 bad request (the Python API's validation), 401 bad API key, 404
+Errors use OpenAI's shape: 400 bad request (the Python API's validation and the limits of
+:mod:`specdec.server.prepare`), 401 bad API key, 404
 unknown model or route, 413 body too large, 429 queue full, 503 shutting down, 500 (logged,
 never a traceback to the client). A client that disconnects has its sequences aborted before
 the next step.
@@ -32,24 +35,13 @@ from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
 from specdec.server.metrics import ServerMetrics
-from specdec.server.protocol import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    SamplingFields,
-    error_body,
-    new_id,
-    now,
-    parse,
-    usage,
-)
+from specdec.server.prepare import Prepared, Preparer
+from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
 from specdec.server.worker import EngineWorker, Job, ShuttingDown
 
 DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
-NO_TEMPLATE = ("model {name!r} has no chat template: start the server with --chat-template FILE (a Jinja "
-               "template that renders 'messages'), or use /v1/completions")
 
 
 @dataclass
@@ -58,14 +50,28 @@ class ServerState:
 
     llm: LLM
     worker: EngineWorker
+    preparer: Preparer
     metrics: ServerMetrics
     served_model_name: str
     api_key_digest: bytes | None
-    chat_template: str | None
     max_queue_len: int
     created: int = field(default_factory=now)
     outstanding: int = 0
     draining: bool = False
+    in_flight: set[Submission] = field(default_factory=set)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def drain(self, grace: float) -> None:
+        """Stop admitting; after ``grace`` seconds end every request still in flight with a 503 in
+        OpenAI's shape (streams: an error event, then ``[DONE]``). Call on the event loop, before the
+        ASGI server's own graceful timeout cancels the requests with no answer."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(grace, self.end_in_flight)
+
+    def end_in_flight(self) -> None:
+        for submission in list(self.in_flight):
+            submission.end(ShuttingDown("the server is shutting down: the request did not finish within the "
+                                        "graceful shutdown timeout"))
 
     def admit(self, count: int) -> None:
         """Count ``count`` new sequences in, or refuse them (503 draining, 429 queue full)."""
@@ -92,28 +98,35 @@ class Submission:
     """The sequences of one HTTP request: ``len(prompts) * n`` jobs on one outbox, choice index
     ``prompt * n + i`` as in OpenAI's API. ``close()`` aborts what is unfinished (idempotent)."""
 
-    def __init__(self, state: ServerState, prompts: list[tuple[str | None, list[int]]], fields: SamplingFields,
-                 max_tokens: int) -> None:
+    def __init__(self, state: ServerState, prepared: Prepared) -> None:
         self.state = state
         self.outbox: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        self.prompt_tokens = sum(len(ids) for _, ids in prompts)
-        self.jobs = [Job(p * fields.n + c, {"prompt": text, "prompt_token_ids": ids},
-                         state.llm.check_params(fields.sampling_params(max_tokens, c)), self.outbox, loop)
-                     for p, (text, ids) in enumerate(prompts) for c in range(fields.n)]
+        fields, n = prepared.request, prepared.request.n
+        self.prompt_tokens = sum(len(ids) for _, ids in prepared.prompts)
+        self.jobs = [Job(p * n + c, {"prompt": text, "prompt_token_ids": ids},
+                         fields.sampling_params(prepared.max_tokens, c), self.outbox, loop)
+                     for p, (text, ids) in enumerate(prepared.prompts) for c in range(n)]
         self.choices = [Choice() for _ in self.jobs]
         self._closed = True
 
     def start(self) -> None:
         self.state.admit(len(self.jobs))
         self._closed = False
+        self.state.in_flight.add(self)
         for job in self.jobs:
             self.state.worker.submit(job)
+
+    def end(self, error: ShuttingDown) -> None:
+        """End the request now: its handler gets ``error`` next; unfinished sequences are aborted."""
+        self.outbox.put_nowait((None, error))
+        self.close()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self.state.in_flight.discard(self)
         self.state.outstanding -= len(self.jobs)
         for job, choice in zip(self.jobs, self.choices):
             if choice.finish_reason is None:
@@ -262,13 +275,15 @@ class BodyLimit:
 
 def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
                chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None) -> FastAPI:
     """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
 
     ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
     (default: the ``SPECDEC_API_KEY`` variable; None or empty disables auth). ``chat_template``: a
     Jinja template used instead of the tokenizer's. ``max_queue_len``: sequences that may wait for a
     slot beyond the ``max_num_seqs`` running ones (more get 429). ``max_body_bytes``: request size limit.
+    ``max_prompt_bytes``: text prompt limit (default 32 bytes per token of ``max_model_len``; see
+    :mod:`specdec.server.prepare` for every limit).
     """
     if llm is None:
         llm = default_llm()
@@ -276,21 +291,25 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         raise SpecDecError(f"max_queue_len must be an integer >= 0, got {max_queue_len!r}")
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise SpecDecError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+    if max_prompt_bytes is not None and (not isinstance(max_prompt_bytes, int) or max_prompt_bytes < 1):
+        raise SpecDecError(f"max_prompt_bytes must be None or an integer >= 1, got {max_prompt_bytes!r}")
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
     metrics.watch_grammars(llm.batch_metrics)
-    state = ServerState(llm, EngineWorker(llm, metrics), metrics, name,
-                        hashlib.sha256(api_key.encode()).digest() if api_key else None, chat_template,
-                        max_queue_len)
+    preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
+    state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
+                        hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        state.loop = asyncio.get_running_loop()
         state.worker.start()
         try:
             yield
         finally:
             state.draining = True
+            state.preparer.close()
             await asyncio.to_thread(state.worker.stop)
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -305,28 +324,24 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
                                             "owned_by": "specdec", "root": llm.model_name,
                                             "max_model_len": llm.max_model_len}]}
 
+    async def prepare(request: Request, endpoint) -> Prepared:
+        """Run ``endpoint`` (a :class:`Preparer` method) on the body in the preparer's thread."""
+        body = await request.body()
+        return await asyncio.get_running_loop().run_in_executor(preparer.pool, endpoint, body)
+
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
-        req: CompletionRequest = parse(CompletionRequest, await _json(request))
-        _check_model(state, req.model)
-        prompts = [llm.encode_prompt(p) for p in req.prompts()]
-        submission = Submission(state, prompts, req, req.max_tokens)
+        prepared = await prepare(request, preparer.completion)
         head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": name}
 
         def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
             return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
 
-        return await _respond(request, submission, req, head, chunk, [])
+        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, [])
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
-        req: ChatRequest = parse(ChatRequest, await _json(request))
-        _check_model(state, req.model)
-        text = _render_chat(state, req)
-        ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
-        prompt = llm.encode_prompt({"prompt": text, "prompt_token_ids": ids})
-        max_tokens = req.max_completion_tokens or req.max_tokens or llm.max_model_len
-        submission = Submission(state, [prompt], req, max_tokens)
+        prepared = await prepare(request, preparer.chat)
         head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": name}
 
         def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
@@ -334,8 +349,9 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
             return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]} for i in range(req.n)]
-        return await _respond(request, submission, req, head, chunk, opening)
+                                         "logprobs": None, "finish_reason": None}]}
+                   for i in range(prepared.request.n)]
+        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, opening)
 
     app.include_router(v1)
 
@@ -368,32 +384,6 @@ async def _respond(request: Request, submission: Submission, fields: SamplingFie
         choices.append({"index": index, **body, "logprobs": None, "finish_reason": choice.finish_reason})
     obj = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
-
-
-async def _json(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-
-
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.served_model_name:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {state.served_model_name!r}",
-                       "not_found_error", param="model", code="model_not_found")
-
-
-def _render_chat(state: ServerState, req: ChatRequest) -> str:
-    tokenizer = state.llm.tokenizer
-    if tokenizer is None or (state.chat_template is None and not getattr(tokenizer, "chat_template", None)):
-        raise APIError(400, NO_TEMPLATE.format(name=state.served_model_name), param="messages")
-    try:
-        return tokenizer.apply_chat_template(req.conversation(), chat_template=state.chat_template, tokenize=False,
-                                             add_generation_prompt=True)
-    except APIError:
-        raise
-    except Exception as exc:  # a template's own raise_exception(), or a template bug
-        raise APIError(400, f"the chat template could not render these messages: {exc}", param="messages") from None
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -2,8 +2,8 @@
 generator). Flag names follow ``vllm serve`` where vLLM has one.
 
 SIGTERM (or Ctrl+C): the server stops admitting (new connections are refused, new requests on open
-ones get 503), lets running requests finish for ``--graceful-timeout`` seconds, aborts the rest,
-then exits with status 0.
+ones get 503), lets running requests finish for ``--graceful-timeout`` seconds, ends the rest with a
+503 in OpenAI's shape (a stream: an error event, then ``data: [DONE]``), then exits with status 0.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from specdec.generate_cli import (
 )
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
+SHUTDOWN_BACKSTOP = 5.0
+"""Seconds past --graceful-timeout after which uvicorn cancels what is left."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -110,10 +112,14 @@ def run_serve(args: argparse.Namespace) -> int:
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             state.draining = True
+            if state.loop is not None and not self.should_exit:  # in a signal handler: hand it to the loop
+                state.loop.call_soon_threadsafe(state.drain, args.graceful_timeout)
             super().handle_exit(sig, frame)
 
+    # The app ends the requests still running at --graceful-timeout itself, each with an answer in
+    # OpenAI's shape; uvicorn's own timeout (which cancels them with none) is a backstop past it.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.graceful_timeout)
+                            timeout_graceful_shutdown=args.graceful_timeout + SHUTDOWN_BACKSTOP)
     print(f"specdec serve: {name!r} (target {model}; {backend_line(llm.target)}; {what}; {llm.device}, "
           f"max_num_seqs {llm.max_num_seqs}, max_model_len {llm.max_model_len}; "
           f"auth {'on' if args.api_key else 'off'}) at "

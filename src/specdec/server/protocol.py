@@ -2,10 +2,10 @@
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
 not a number), and an OpenAI field this server does not implement (``logprobs``, ``echo``,
-penalties, tools, ...) is refused by name rather than silently ignored. Sampling values are
-checked by :class:`~specdec.sampling.SamplingParams` itself, so the server accepts exactly
-what the Python API accepts. Every problem is an :class:`APIError` carrying OpenAI's error
-shape ``{"error": {"message", "type", "param", "code"}}``.
+penalties, tools, ...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`).
+Sampling values are checked by :class:`~specdec.sampling.SamplingParams` itself, so the server
+accepts exactly what the Python API accepts. Every problem is an :class:`APIError` carrying
+OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``.
 
 Structured output: ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
 "json_schema": {"schema": ...}}``; ``{"type": "text"}`` is no constraint) and vLLM's request fields
@@ -19,11 +19,12 @@ speculative metrics summed over its choices (:data:`USAGE_EXTENSION`).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
@@ -34,10 +35,20 @@ USAGE_EXTENSION = "specdec"
 ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``accepted_per_position``,
 ``mean_acceptance_length`` (τ) and ``acceptance_rate`` (α)."""
 
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty",
-               "logit_bias", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-               "repetition_penalty")
-"""OpenAI (and vLLM) fields this server refuses when set to anything but their neutral value."""
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (True, False),
+}
+"""OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
+too): a neutral value is accepted and ignored, any other is refused by name."""
+
+
+def _neutral(value: Any, neutrals: tuple[Any, ...]) -> bool:
+    """``value`` is None or one of ``neutrals`` (a boolean equals only a boolean: ``0`` is not ``False``)."""
+    return value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutrals)
+
 
 MAX_N = 16
 DESCRIPTIONS = {
@@ -152,10 +163,12 @@ class SamplingFields(_Strict):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name in UNSUPPORTED:
+            for name, neutrals in UNSUPPORTED.items():
                 if name in data:
-                    if data[name] not in (None, False, 0, [], {}):
-                        raise ValueError(f"{name!r} is not supported by specdec serve")
+                    if not _neutral(data[name], neutrals):
+                        shown = " or ".join(json.dumps(v) for v in neutrals)
+                        raise APIError(400, f"{name!r} is not supported by specdec serve: only null or {shown} is "
+                                            f"accepted, got {json.dumps(data[name])[:80]}", param=name)
                     data = {k: v for k, v in data.items() if k != name}
         return data
 
@@ -205,6 +218,17 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = 16
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        """Checked by hand, one pass per list: pydantic's union would validate a long list of token ids
+        as strings first, building an error per item (seconds for a million ids)."""
+        if isinstance(value, str) or isinstance(value, list) and (
+                all(type(t) is int for t in value) or all(isinstance(t, str) for t in value)
+                or all(isinstance(p, list) and all(type(t) is int for t in p) for p in value)):
+            return value
+        raise ValueError(f"prompt must be {DESCRIPTIONS['prompt']}")
 
     def prompts(self) -> list[str | dict[str, Any]]:
         """The prompts as :meth:`specdec.llm.LLM.encode_prompt` takes them."""
