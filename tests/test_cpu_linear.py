@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from helpers import build_model
 
-from specdec.models import fast_llama
+from specdec.models import layers
 from specdec.models.base import ForwardBatch
 from specdec.models.cpu_linear import is_packed, linear, pack, packs
 from specdec.models.fast_llama import FastLlamaLM
@@ -19,8 +19,10 @@ pytestmark = pytest.mark.skipif(not packs(CPU, torch.bfloat16), reason="this CPU
 
 
 def _layer_weights(lm: FastLlamaLM) -> list[torch.Tensor]:
-    return [w for layer in lm.layers for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,
-                                                 layer.down_weight)]
+    """Each dense layer's q/k/v, o, gate/up and down matrices (``_Layer.attention`` holds the arguments of
+    ``attention_inputs``, ``_Layer.output`` those of ``attention_output_and_mlp``)."""
+    return [w for layer in lm.layers for w in (layer.attention[1], layer.output[0], layer.output[4],
+                                                 layer.output[6])]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 17, 64])
@@ -74,7 +76,7 @@ def test_packed_forwards_give_the_plain_logits(monkeypatch, arch):
         seen.append(is_packed(weight))
         return linear(x, weight, bias)
 
-    monkeypatch.setattr(fast_llama, "linear", spy)
+    monkeypatch.setattr(layers, "linear", spy)
     caches = {lm: lm.new_cache(3, 64) for lm in (packed, plain)}
     prompts = [[5, 9, 14, 3, 3], [2] * 11, [7, 1, 3, 8, 30, 31, 32]]
     batches = [
