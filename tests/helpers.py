@@ -28,6 +28,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from specdec import SamplingParams
+
 VOCAB = 96
 CONTEXT = 192
 
@@ -120,3 +122,21 @@ def make_sequence(request_id: str, prompt: list[int], params, seed: int = 0, max
         generator=torch.Generator().manual_seed(seed),
         max_new_tokens=params.max_tokens if max_new_tokens is None else max_new_tokens, stop_ids=stop_ids,
     )
+
+
+def record_drafts(llm, prompts: list[list[int]], max_tokens: int = 20) -> list[tuple[list[int], list[int]]]:
+    """Greedy-decode ``prompts`` with ``llm`` (k 3) recording each row's context and chain draft at every
+    step: ``[(context token ids, draft token ids), ...]``."""
+    drafter, records = llm.engine.drafter, []
+    propose = drafter.propose
+
+    def recording(seqs, ks, sampling):
+        draft = propose(seqs, ks, sampling)
+        for b, s in enumerate(seqs):
+            records.append((list(s.token_ids), draft.tokens[b, : draft.num_draft[b]].tolist()))
+        return draft
+
+    drafter.propose = recording
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=max_tokens))
+    assert len(records) > 20 and any(len(d) == 3 for _, d in records)
+    return records

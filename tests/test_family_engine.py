@@ -12,9 +12,9 @@
 import pytest
 import torch
 from helpers import FAMILY_ARCHS, build_model, truncated_copy
-from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
+from test_greedy_equality import check_outputs, greedy_references, run_batch
 from test_sampling_exactness import PROMPT, SETTINGS, VOCAB, assert_matches_target, exact_joint
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from specdec import LLM, SamplingParams
 from specdec.models.fast_llama import FastLlamaLM
@@ -38,17 +38,7 @@ def family_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def family_refs(family_dirs):
     """transformers' greedy continuation of each prompt alone, per family."""
-    refs = {}
-    for arch, dirs in family_dirs.items():
-        model = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64,
-                                                     experts_implementation="eager")
-        refs[arch] = []
-        for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS):
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            refs[arch].append(out[0, len(prompt):].tolist())
-    return refs
+    return greedy_references(family_dirs, experts_implementation="eager")
 
 
 METHODS = {

@@ -28,12 +28,12 @@ FAST = [("llama", "fast"), ("qwen2", "fast"), ("gpt2", "hf")]
 DRAFTERS = ["same", "random", "truncated", "ngram"]
 
 
-@pytest.fixture(scope="module")
-def references(model_dirs):
-    """transformers' greedy continuation of each prompt alone, per architecture."""
+def greedy_references(dirs: dict, **load_kwargs) -> dict[str, list[list[int]]]:
+    """transformers' greedy continuation of each of :data:`PROMPTS` alone (:data:`MAX_TOKENS` new tokens),
+    per architecture: ``dirs[arch]["target"]`` loaded in float64 with ``load_kwargs``."""
     refs = {}
-    for arch, dirs in model_dirs.items():
-        model = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64)
+    for arch, folders in dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(folders["target"], dtype=torch.float64, **load_kwargs)
         refs[arch] = []
         for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS):
             # An explicit mask: without one, generate masks prompt tokens equal to pad_token_id.
@@ -42,6 +42,12 @@ def references(model_dirs):
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
             refs[arch].append(out[0, len(prompt):].tolist())
     return refs
+
+
+@pytest.fixture(scope="module")
+def references(model_dirs):
+    """transformers' greedy continuation of each prompt alone, per architecture."""
+    return greedy_references(model_dirs)
 
 
 def speculative_config(dirs, drafter, k):

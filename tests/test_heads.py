@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_model
+from helpers import build_model, record_drafts
 from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
 from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
 from test_train import MODULES
@@ -87,18 +87,7 @@ def check_eagle_drafts_from_scratch(llm, module, features) -> None:
     proposal, then check each against the one computed from scratch: ``module`` teacher-forced over
     ``features(ids)`` (the drafter's input features of the whole context, ``[1, T, H]``), then on
     its own predictions."""
-    drafter, records = llm.engine.drafter, []
-    propose = drafter.propose
-
-    def recording(seqs, ks, sampling):
-        draft = propose(seqs, ks, sampling)
-        for b, s in enumerate(seqs):
-            records.append((list(s.token_ids), draft.tokens[b, : draft.num_draft[b]].tolist()))
-        return draft
-
-    drafter.propose = recording
-    llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], SamplingParams(temperature=0, max_tokens=20))
-    assert len(records) > 20 and any(len(d) == 3 for _, d in records)
+    records = record_drafts(llm, PROMPTS[:4])
     with torch.no_grad():
         for context, drafts in records:
             if not drafts:

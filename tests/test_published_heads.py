@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_model
+from helpers import build_model, record_drafts
 from safetensors.torch import save_file
 from test_greedy_equality import PROMPTS, check_outputs, run_batch
 from test_heads import llama, references  # noqa: F401 - module fixtures
@@ -185,23 +185,6 @@ def reference_eagle_drafts(step, target_features, context, n):
         drafts.append(token)
         features, tokens = torch.cat([features, out[-1:]]), torch.cat([tokens, torch.tensor([token])])
     return drafts
-
-
-def record_drafts(llm, prompts, max_tokens=20):
-    """Greedy-decode ``prompts`` recording each row's context and chain draft at every step."""
-    drafter, records = llm.engine.drafter, []
-    propose = drafter.propose
-
-    def recording(seqs, ks, sampling):
-        draft = propose(seqs, ks, sampling)
-        for b, s in enumerate(seqs):
-            records.append((list(s.token_ids), draft.tokens[b, : draft.num_draft[b]].tolist()))
-        return draft
-
-    drafter.propose = recording
-    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=max_tokens))
-    assert len(records) > 20 and any(len(d) == 3 for _, d in records)
-    return records
 
 
 def states(target, ids):
