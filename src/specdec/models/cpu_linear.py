@@ -4,7 +4,7 @@
 a weight packed once into oneDNN's own blocked layout (an opaque ``torch._mkldnn`` tensor) is read
 as it lies. On the 2-core AMD EPYC (Zen 4, avx512_bf16, torch 2.13), one row through the 1b shape's
 matrices ran at 16-20 GB/s with ``F.linear`` and 26-33 GB/s packed, 2-5 rows (verification) at
-17-21 against 30-45 GB/s, and 64 rows (compute bound) 1.15-1.2x faster; see
+17-21 against 25-43 GB/s, and 64 rows (compute bound) 1.15-1.2x faster; see
 ``docs/cpu-performance.md``. The packed product gives the same values as ``F.linear`` where both run
 the same oneDNN kernel and otherwise differs by bfloat16 rounding of the output.
 
