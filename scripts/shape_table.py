@@ -33,7 +33,9 @@ from pathlib import Path
 
 from specdec.assets import require_default_pair
 
-METHODS = "plain,draft_model,eagle,medusa,mtp,ngram,suffix,lookahead,layer_skip,auto"
+METHODS = "plain,draft_model,eagle,medusa,mtp,ngram,suffix,lookahead,layer_skip,cascade,auto"
+"""The registered methods run; the labels of :func:`method_configs` other than cascade (a registered method that
+runs only with its stages) run by themselves and must not be listed."""
 PARTS = {
     "core": {"batch": ["1"], "k": ["4", "auto"], "temperature": "0"},
     "k": {"batch": ["1"], "k": ["2", "8"], "temperature": "0"},

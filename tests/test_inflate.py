@@ -291,3 +291,21 @@ def test_every_target_shape_holds_the_embedded_pair():
         assert layout.layer_at[-1] == layout.dst.layers - 1 and draft_layout.dst.head_dim == 64
     eight = layout_for(target, SHAPES["8b"], "8b").dst
     assert (eight.heads, eight.kv_heads, eight.kv_heads * eight.head_dim) == (64, 16, 1024)  # the real KV width
+
+
+def test_the_shape_table_script_runs_configurations_the_bench_accepts():
+    """scripts/shape_table.py's method list and configurations expand as the bench expands them: every
+    labelled configuration runs (a label listed in --methods, or cascade left out of it, is refused)."""
+    import importlib.util
+
+    from specdec.bench.methods import expand_methods
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "shape_table.py"
+    spec = importlib.util.spec_from_file_location("shape_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    configs = {name: json.loads(text) for name, text in (c.split("=", 1) for c in script.method_configs())}
+    specs = expand_methods(script.METHODS.split(","), [4, "auto"], configs)
+    labels = {s.label for s in specs}
+    for name in configs:
+        assert {f"{name} k=4", f"{name} k=auto"} <= labels, name
