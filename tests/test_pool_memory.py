@@ -51,3 +51,23 @@ def test_draft_pool_that_does_not_fit_is_refused(monkeypatch):
     with pytest.raises(SpecDecError, match="KV cache of 'tiny-draft' needs"):
         LLM(long_context_llama(), dtype="float32", backend="fast", max_num_seqs=16,
             speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": 2})
+
+
+def test_llms_over_one_loaded_model_share_its_fast_backend(model_dirs):
+    """Every LLM built over one loaded model shares one fast backend (its weight copies are the model's size
+    again: one per method in a bench over a 1B target ran out of memory), while each keeps its own KV pool:
+    interleaved calls give each LLM plain decoding's tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec import SamplingParams
+
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["llama"]["target"], dtype=torch.float64)
+    plain = LLM(model, dtype="float64")
+    ngram = LLM(model, dtype="float64", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert plain.target is ngram.target
+    assert LLM(model_dirs["llama"]["target"], dtype="float64").target is not plain.target  # a folder: its own model
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompts = [{"prompt_token_ids": [3, 5, 7, 3, 5, 7, 3]}, {"prompt_token_ids": [9, 2]}]
+    first = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in ngram.generate(prompts, params)] == first
+    assert [o.outputs[0].token_ids for o in plain.generate(prompts, params)] == first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import weakref
 from pathlib import Path
 
 import torch
@@ -118,6 +119,24 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] or type(exc).__name__
 
 
+_FAST_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The fast backends built over each loaded model, by whether they capture CUDA graphs (see
+:func:`_fast_backend`); an entry goes with its model."""
+
+
+def _fast_backend(model: PreTrainedModel, name: str, use_cuda_graphs: bool) -> FastLlamaLM:
+    r"""The fast backend over ``model``: one per loaded model and graph setting, shared by every ``LLM``
+    built over the same model object. A backend owns copies of most of its model's weights (fused q/k/v
+    and gate/up, CPU-packed o and down: about the model's size again) and holds no state a forward
+    changes (the KV pools, and the graphs captured over them, are each ``LLM``'s own), so ten ``LLM``\ s
+    over one target (``specdec bench`` builds one per method) cost one backend, not ten."""
+    built = _FAST_BACKENDS.setdefault(model, {})
+    key = (use_cuda_graphs, model.dtype, str(model.device))
+    if key not in built:
+        built[key] = FastLlamaLM(model, name, use_cuda_graphs=use_cuda_graphs)
+    return built[key]
+
+
 def load_causal_lm(
     source: ModelSource, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
     backend: str = "auto", enforce_eager: bool = False,
@@ -136,7 +155,7 @@ def load_causal_lm(
     if backend == "fast" and reason:
         raise SpecDecError(f"the fast backend cannot run {name!r}: {reason}")
     if backend == "fast" or (backend == "auto" and reason is None):
-        return FastLlamaLM(model, name, use_cuda_graphs=not enforce_eager)
+        return _fast_backend(model, name, use_cuda_graphs=not enforce_eager)
     why = f"the fast backend does not run it: {reason}" if backend == "auto" else "backend 'hf' was chosen"
     return HFCausalLM(model, name, backend_reason=why)
 
