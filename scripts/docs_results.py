@@ -40,11 +40,12 @@ def load(folder: Path = RESULTS) -> list[tuple[str, dict[str, Any]]]:
 
 
 def group_of(bench: dict[str, Any], name: str = "") -> str:
-    """``info.shape`` when the bench recorded one, else the file name's first word when it names a group
+    """The shape's name of ``info.shape`` when the bench recorded one (``specdec bench --shape`` writes "1b,
+    the embedded pair inflated ..."), else the file name's first word when it names a group
     (``1b-h100.json``), else ``embedded`` for the embedded pair, else ``other``."""
     info = bench.get("info", {})
     if info.get("shape"):
-        return str(info["shape"])
+        return str(info["shape"]).split(",", 1)[0].strip()
     prefix = name.split("-", 1)[0]
     if prefix in GROUPS:
         return prefix
@@ -54,6 +55,20 @@ def group_of(bench: dict[str, Any], name: str = "") -> str:
 def anchor(name: str, label: str) -> str:
     """The id of a row on the results page (the README links to it)."""
     return re.sub(r"[^a-z0-9]+", "-", f"{name}-{label}".lower()).strip("-")
+
+
+def row_label(row: dict[str, Any], bench: dict[str, Any]) -> str:
+    """A summary row's label, with its batch size where the file ran several (their labels repeat)."""
+    several = len(bench["settings"]["batch_sizes"]) > 1
+    return f"{row['label']}, batch {row['batch_size']}" if several else row["label"]
+
+
+def readme_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows the README shows of a file: plain decoding and every auto-k row where the file has them (the
+    setting the README recommends; the results page has every k), else every row."""
+    rows = overall_rows(bench)
+    auto = [r for r in rows if r["label"] == "plain" or r["label"].endswith("k=auto")]
+    return auto if len(auto) > sum(r["label"] == "plain" for r in rows) else rows
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -106,7 +121,7 @@ def _table(name: str, bench: dict[str, Any]) -> list[str]:
             f"{r['checked'] - r['mismatches'] - (r['ties'] or 0)}/{r['checked']} equal"
             + (f", {r['ties']} ties" if r["ties"] else "")
             + (f", {r['mismatches']} MISMATCH" if r["mismatches"] else ""))
-        rows.append(f"| <span id=\"{anchor(name, r['label'])}\"></span>{r['label']} | {r['batch_size']} | "
+        rows.append(f"| <span id=\"{anchor(name, row_label(r, bench))}\"></span>{r['label']} | {r['batch_size']} | "
                     f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_median(r)} | "
                     f"{_num(r['tau'])} | {_num(r['alpha'])} | {_num(r['cost_ratio'])} | {check} |")
     return rows
@@ -154,10 +169,12 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
         for name, bench in files:
             info = bench["info"]
             device = info.get("device name") or f"{info.get('cpu threads')} CPU threads"
+            first = anchor(name, row_label(overall_rows(bench)[0], bench))
             out.append(f"| **{title}**, {info.get('dtype')}, {device}, batch {bench['settings']['batch_sizes']}; "
-                       f"{_noise(bench)} | [`{name}`](docs/results.md#{anchor(name, 'plain')}) | | | |")
-            for r in overall_rows(bench):
-                out.append(f"| | [{r['label']}](docs/results.md#{anchor(name, r['label'])}) | "
+                       f"{_noise(bench)} | [`{name}`](docs/results.md#{first}) | | | |")
+            for r in readme_rows(bench):
+                label = row_label(r, bench)
+                out.append(f"| | [{label}](docs/results.md#{anchor(name, label)}) | "
                            f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_num(r['tau'])} |")
     return "\n".join(out)
 
