@@ -56,6 +56,12 @@ def test_every_readme_speedup_links_to_a_results_row():
 def test_results_grouping_by_shape():
     results = _script("docs_results")
     assert results.group_of({"info": {"shape": "1b", "target": "x"}}) == "1b"
+    # what `specdec bench --shape 1b` records
+    shape = "1b, the embedded pair inflated with zero padding (same logits): target 1.01B, draft 82M parameters"
+    assert results.group_of({"info": {"shape": shape, "target": "x"}}) == "1b"
+    two = {"settings": {"batch_sizes": [4, 16]}}
+    assert results.row_label({"label": "plain", "batch_size": 16}, two) == "plain, batch 16"
+    assert results.row_label({"label": "plain", "batch_size": 1}, {"settings": {"batch_sizes": [1]}}) == "plain"
     assert results.group_of({"info": {"target": "/p/specdec/assets/default_pair/target"}}) == "embedded"
     assert results.anchor("embedded-pair-cpu", "draft_model k=4") == "embedded-pair-cpu-draft-model-k-4"
     assert results.group_of({"info": {"target": "inflated"}}, "1b-h100") == "1b"
