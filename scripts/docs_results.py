@@ -63,12 +63,19 @@ def row_label(row: dict[str, Any], bench: dict[str, Any]) -> str:
     return f"{row['label']}, batch {row['batch_size']}" if several else row["label"]
 
 
-def readme_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows the README shows of a file: plain decoding and every auto-k row where the file has them (the
-    setting the README recommends; the results page has every k), else every row."""
+def _auto_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Plain decoding's and every auto-k row of a file, or [] when it ran no auto k."""
     rows = overall_rows(bench)
     auto = [r for r in rows if r["label"] == "plain" or r["label"].endswith("k=auto")]
-    return auto if len(auto) > sum(r["label"] == "plain" for r in rows) else rows
+    return auto if len(auto) > sum(r["label"] == "plain" for r in rows) else []
+
+
+def readme_files(files: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """What the README shows of a group's files, ``(name, bench, rows)``: plain decoding and the auto-k rows
+    (the setting the README recommends) of the files that ran auto k, or, where none did, every row of every
+    file. The results page has every row."""
+    auto = [(name, bench, _auto_rows(bench)) for name, bench in files if _auto_rows(bench)]
+    return auto or [(name, bench, overall_rows(bench)) for name, bench in files]
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -166,13 +173,13 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
         if not files:
             out.append(f"| **{title}** | *not measured yet: `docs/results/` has no file for it* | | | |")
             continue
-        for name, bench in files:
+        for name, bench, rows in readme_files(files):
             info = bench["info"]
             device = info.get("device name") or f"{info.get('cpu threads')} CPU threads"
             first = anchor(name, row_label(overall_rows(bench)[0], bench))
             out.append(f"| **{title}**, {info.get('dtype')}, {device}, batch {bench['settings']['batch_sizes']}; "
                        f"{_noise(bench)} | [`{name}`](docs/results.md#{first}) | | | |")
-            for r in readme_rows(bench):
+            for r in rows:
                 label = row_label(r, bench)
                 out.append(f"| | [{label}](docs/results.md#{anchor(name, label)}) | "
                            f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_num(r['tau'])} |")
