@@ -165,25 +165,51 @@ def render_page(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _method(label: str) -> str:
+    """A README row's method: the summary label without the auto-k suffix the README's rows all share."""
+    return label.removesuffix(" k=auto")
+
+
+def _column(row: dict[str, Any], bench: dict[str, Any]) -> tuple[float, int]:
+    """A README column's key: (temperature, batch size)."""
+    return float(bench["settings"]["temperature"]), int(row["batch_size"])
+
+
+def _column_title(column: tuple[float, int]) -> str:
+    temperature, batch = column
+    return f"batch {batch}, " + ("greedy" if temperature == 0 else f"T = {temperature:g}")
+
+
 def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
-    """The README's results table: one row group per shape, each row linked to its results-page row."""
-    out = ["| shape | method | tokens/s | speedup vs plain | τ |", "| --- | --- | --- | --- | --- |"]
+    """The README's results: per shape, one table of methods (rows) by setting (columns: batch size and
+    temperature), each cell a speedup linked to its results-page row. Where two files measured a method in
+    one setting, the first file's figure is shown (the results page has both). The first row is plain
+    decoding's tokens/s."""
+    out: list[str] = []
     for group, title in GROUPS.items():
         files = [(n, b) for n, b in results if group_of(b, n) == group]
         if not files:
-            out.append(f"| **{title}** | *not measured yet: `docs/results/` has no file for it* | | | |")
+            out += [f"**{title}**: not measured yet (`docs/results/` has no file for it).", ""]
             continue
+        cells: dict[str, dict[tuple[float, int], str]] = {}
+        devices = set()
         for name, bench, rows in readme_files(files):
             info = bench["info"]
             device = info.get("device name") or f"{info.get('cpu threads')} CPU threads"
-            first = anchor(name, row_label(overall_rows(bench)[0], bench))
-            out.append(f"| **{title}**, {info.get('dtype')}, {device}, batch {bench['settings']['batch_sizes']}; "
-                       f"{_noise(bench)} | [`{name}`](docs/results.md#{first}) | | | |")
+            devices.add(f"{info.get('dtype')}, {device}")
             for r in rows:
-                label = row_label(r, bench)
-                out.append(f"| | [{label}](docs/results.md#{anchor(name, label)}) | "
-                           f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_num(r['tau'])} |")
-    return "\n".join(out)
+                link = f"(docs/results.md#{anchor(name, row_label(r, bench))})"
+                value = (f"[{_num(r['tokens_per_second'], 1)} tok/s]{link}" if r["label"] == "plain"
+                         else f"[{_num(r['speedup'], 2, 'x')}]{link}")
+                method = "plain decoding" if r["label"] == "plain" else _method(r["label"])
+                cells.setdefault(method, {}).setdefault(_column(r, bench), value)
+        columns = sorted({c for row in cells.values() for c in row})
+        out += [f"**{title}**, {'; '.join(sorted(devices))}:", "",
+                "| method | " + " | ".join(_column_title(c) for c in columns) + " |",
+                "| --- |" + " --- |" * len(columns)]
+        out += [f"| {m} | " + " | ".join(row.get(c, "–") for c in columns) + " |" for m, row in cells.items()]
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def readme_with_table(readme: str, table: str, results: list[tuple[str, dict[str, Any]]]) -> str:

@@ -78,7 +78,27 @@ def test_a_1b_results_file_fills_its_row_group():
                           "warmup": 1},
              "summary": [{**row, "label": "plain", "speedup": 1.0}, row]}
     table = results.render_readme_table([("1b-gpu", bench)])
-    assert "[draft_model k=4](docs/results.md#1b-gpu-draft-model-k-4) | 120.0 | 1.50x | 3.00 |" in table
+    assert "| method | batch 1, greedy |" in table
+    assert "| plain decoding | [120.0 tok/s](docs/results.md#1b-gpu-plain) |" in table
+    assert "| draft_model k=4 | [1.50x](docs/results.md#1b-gpu-draft-model-k-4) |" in table
     assert "embedded pair" in table and "not measured yet" in table  # the other group says it has no file
     page = results.render_page([("1b-gpu", bench)])
     assert 'id="1b-gpu-draft-model-k-4"' in page and "3/4 equal, 1 ties" in page
+
+
+def test_the_readme_table_has_a_column_per_batch_and_temperature():
+    results = _script("docs_results")
+
+    def made(temperature: float, batches: list[int], label: str, speedup: float) -> dict:
+        rows = [{"label": name, "category": "overall", "batch_size": b, "tokens_per_second": 10.0 * b,
+                 "speedup": s, "tau": 1.0} for b in batches for name, s in (("plain", 1.0), (label, speedup))]
+        return {"info": {"shape": "1b", "dtype": "bfloat16", "cpu threads": 2},
+                "settings": {"temperature": temperature, "batch_sizes": batches}, "summary": rows}
+
+    table = results.render_readme_table([("a", made(0.0, [1], "eagle k=auto", 3.0)),
+                                         ("b", made(0.7, [1], "eagle k=auto", 2.5)),
+                                         ("c", made(0.0, [4, 16], "ngram k=auto", 1.1))])
+    assert "| method | batch 1, greedy | batch 4, greedy | batch 16, greedy | batch 1, T = 0.7 |" in table
+    eagle = "| eagle | [3.00x](docs/results.md#a-eagle-k-auto) | – | – | [2.50x](docs/results.md#b-eagle-k-auto) |"
+    assert eagle in table
+    assert "| ngram | – | [1.10x](docs/results.md#c-ngram-k-auto-batch-4) |" in table
