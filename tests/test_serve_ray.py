@@ -10,6 +10,7 @@ when ray is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,9 +49,11 @@ class Replicas:
         env = {**os.environ, "SPECDEC_API_KEY": KEY, "RAY_USAGE_STATS_ENABLED": "0"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "specdec.cli", "serve", "--replicas", "2", "--threads-per-replica", "1",
-             "--port", str(self.port), "--graceful-timeout", "5", "--log-level", "warning"],
+             "--port", str(self.port), "--graceful-timeout", "60", "--log-level", "warning"],
             stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        deadline = time.monotonic() + 300
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
         while f"at http://127.0.0.1:{self.port}/v1" not in self.output():
             assert self.proc.poll() is None, f"the server exited: {self.output()[-3000:]}"
             assert time.monotonic() < deadline, f"the replicas did not start: {self.output()[-3000:]}"
@@ -83,13 +86,14 @@ class Replicas:
         return sorted(found)
 
     def stop(self) -> tuple[int, str]:
+        """SIGTERM, wait; then SIGKILL whatever of its process group (the local Ray instance) is left."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.proc.wait()
         return self.proc.returncode, self.output()
 
 
@@ -97,10 +101,10 @@ class Replicas:
 def replicas():
     server = Replicas()
     try:
+        server.wait_ready()
         yield server
     finally:
-        if server.proc.poll() is None:
-            server.stop()
+        server.stop()
 
 
 def _metric(root: str, name: str) -> dict[str, float]:
@@ -221,7 +225,16 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_the_survivor
     assert all(status == 200 and "error" not in events[-2] for status, events in after), after
 
 
-def test_sigterm_stops_the_replicas_and_exits_0(replicas):
+def test_sigterm_lets_running_requests_finish_then_exits_0(replicas):
+    body = {"prompt": "def last(x):", "max_tokens": 32, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", replicas.root + "/v1/completions", json=body, headers=AUTH, timeout=120) as response:
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        replicas.proc.send_signal(signal.SIGTERM)  # graceful: the running stream finishes
+        events = [json.loads(line.removeprefix("data: ")) if line != "data: [DONE]" else "[DONE]"
+                  for line in [first, *lines] if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length", events[-3:]
+    assert sum(len(e["choices"][0]["text"]) > 0 for e in events[:-1]) >= 2
     status, log = replicas.stop()
     assert status == 0, log[-3000:]
     assert not replicas.replica_pids()
