@@ -55,7 +55,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    _add_replica_flags(p)
     p.set_defaults(func=run_serve)
+
+
+RAY_FLAGS = ("num_cpus_per_replica", "num_gpus_per_replica", "threads_per_replica", "min_replicas", "max_replicas",
+             "target_ongoing_requests", "max_ongoing_requests", "ray_address")
+RAY_MISSING = ("--replicas needs Ray Serve, which is not installed: pip install 'specdec[ray]' "
+               "(in a checkout: pip install -e '.[ray]')")
+
+
+def _add_replica_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("replicas (Ray Serve; pip install 'specdec[ray]'; see docs/scale-out.md)")
+    g.add_argument("--replicas", type=int, metavar="N",
+                   help="serve N engine replicas behind Ray Serve's HTTP proxy at --host/--port (the initial count "
+                   "when --max-replicas autoscales; default: one process, no Ray)")
+    g.add_argument("--num-cpus-per-replica", type=float, help="Ray CPUs each replica reserves (default 1)")
+    g.add_argument("--num-gpus-per-replica", type=float, help="Ray GPUs each replica reserves (default 0)")
+    g.add_argument("--threads-per-replica", type=int,
+                   help="torch threads of each replica (default: its CPUs rounded up)")
+    g.add_argument("--min-replicas", type=int, help="Ray Serve autoscaling: fewest replicas (default 1)")
+    g.add_argument("--max-replicas", type=int, help="Ray Serve autoscaling: most replicas (turns autoscaling on)")
+    g.add_argument("--target-ongoing-requests", type=float,
+                   help="Ray Serve autoscaling: ongoing requests per replica it aims at (default: Ray Serve's)")
+    g.add_argument("--max-ongoing-requests", type=int,
+                   help="requests the proxy sends one replica at once (default: --max-num-seqs); more wait")
+    g.add_argument("--ray-address", help="Ray cluster to join, e.g. 'auto' or 'ray://head:10001' (default: the "
+                   "cluster of RAY_ADDRESS, or a new local one)")
 
 
 def _model_flag(args: argparse.Namespace) -> None:
@@ -92,6 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
             template = args.chat_template.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
+    settings = _replica_settings(args)
     _model_flag(args)
     model, spec, what = _speculative(args)
     checked_config(spec)
@@ -99,12 +126,17 @@ def run_serve(args: argparse.Namespace) -> int:
         from specdec.assets import DEFAULT_CHAT_TEMPLATE
 
         template = DEFAULT_CHAT_TEMPLATE.read_text(encoding="utf-8")
+    llm_kwargs = dict(model=model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype,
+                      device=args.device, seed=args.seed, backend=args.backend, max_num_seqs=args.max_num_seqs,
+                      max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+    name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
+    if settings is not None:
+        app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,
+                          max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
+        return _run_replicas(args, settings, llm_kwargs, app_kwargs, f"{name!r} (target {model}; {what})")
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
-              seed=args.seed, backend=args.backend, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
-    name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
+    llm = LLM(**llm_kwargs)
     app = create_app(llm, served_model_name=name, api_key=args.api_key or None, chat_template=template,
                      max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
     state = app.state.specdec
@@ -128,4 +160,52 @@ def run_serve(args: argparse.Namespace) -> int:
     # graceful SIGTERM ends with status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     Server(config).run()
+    return 0
+
+
+def _replica_settings(args: argparse.Namespace):
+    """The :class:`~specdec.serve_ray.ReplicaSettings` of ``--replicas`` and its flags, or None
+    without ``--replicas`` (then no replica flag may be given)."""
+    if args.replicas is None:
+        given = [f"--{flag.replace('_', '-')}" for flag in RAY_FLAGS if getattr(args, flag) is not None]
+        if given:
+            raise SpecDecError(f"{', '.join(given)} only apply with --replicas N")
+        return None
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:
+        raise SpecDecError(RAY_MISSING) from None
+    from specdec.serve_ray import ReplicaSettings
+
+    cpus = 1.0 if args.num_cpus_per_replica is None else args.num_cpus_per_replica
+    return ReplicaSettings(num_replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                           target_ongoing_requests=args.target_ongoing_requests,
+                           max_ongoing_requests=args.max_ongoing_requests, num_cpus=cpus,
+                           num_gpus=args.num_gpus_per_replica or 0.0, threads=args.threads_per_replica,
+                           graceful_shutdown_timeout_s=args.graceful_timeout)
+
+
+def _run_replicas(args: argparse.Namespace, settings, llm_kwargs: dict[str, Any], app_kwargs: dict[str, Any],
+                  what: str) -> int:
+    """Serve ``settings.num_replicas`` replicas behind Ray Serve until SIGTERM or Ctrl+C, then stop them
+    gracefully (see :func:`specdec.serve_ray.stop_replicas`) and exit with status 0."""
+    import threading
+
+    from specdec.serve_ray import serve_replicas, stop_replicas
+
+    serve_replicas(llm_kwargs, app_kwargs=app_kwargs, settings=settings, host=args.host, port=args.port,
+                   ray_address=args.ray_address)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs handlers of its own
+        signal.signal(sig, lambda *_: stop.set())
+    scaling = (f"autoscaling {settings.min_replicas or 1}..{settings.max_replicas}" if settings.max_replicas
+               else f"{settings.num_replicas} replicas")
+    print(f"specdec serve: {what}; {scaling} x ({settings.num_cpus:g} CPU, {settings.num_gpus:g} GPU, "
+          f"{settings.torch_threads} torch threads) behind Ray Serve; auth {'on' if args.api_key else 'off'}; at "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    while not stop.wait(0.5):
+        pass
+    print("specdec serve: stopping the replicas (running requests get --graceful-timeout seconds)",
+          file=sys.stderr, flush=True)
+    stop_replicas(shutdown_serve=args.ray_address is None and not os.environ.get("RAY_ADDRESS"))
     return 0
