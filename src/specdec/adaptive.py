@@ -94,6 +94,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
+from specdec.k_schedule import ScheduledK
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
 from specdec.step_cost import OUTLIER, Calibration, CostModel, LineFit, StepCost, tokens_fed
@@ -390,10 +391,8 @@ class AdaptiveK:
         for s, limit, k in zip(seqs, limits, ks):
             if limit > 0:
                 s.metrics.k_choices[k] = s.metrics.k_choices.get(k, 0) + 1
-                if self.metrics is not None:
-                    self.metrics.k_choices[k] = self.metrics.k_choices.get(k, 0) + 1
-        if self.metrics is not None and any(limits) and not any(ks):
-            self.metrics.num_speculation_off_steps += 1
+        if self.metrics is not None:
+            self.metrics.count_k_choices(ks, limits)
         self.asked = ks
         return ks
 
@@ -447,7 +446,11 @@ class AdaptiveK:
         self.proposals.pop(seq.request_id, None)
 
 
-def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False) -> FixedK | AdaptiveK:
+def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False,
+                schedule: tuple[tuple[int, int], ...] | None = None) -> FixedK | AdaptiveK | ScheduledK:
     """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``; ``padded``:
-    the target's forward pads every row to the longest, see :class:`AdaptiveK`) or a fixed k."""
+    the target's forward pads every row to the longest, see :class:`AdaptiveK`) or a fixed k; a
+    ``num_speculative_tokens_per_batch_size`` ``schedule`` (:mod:`specdec.k_schedule`) overrides both."""
+    if schedule is not None:
+        return ScheduledK(schedule)
     return AdaptiveK(max_k, padded=padded) if num_speculative_tokens == AUTO else FixedK(max_k)

@@ -31,6 +31,7 @@ import torch
 from specdec.adaptive import AdaptiveK, FixedK
 from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
+from specdec.k_schedule import ScheduledK
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
@@ -64,7 +65,7 @@ class Engine:
 
     def __init__(
         self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
-        max_model_len: int, policy: FixedK | AdaptiveK | None = None,
+        max_model_len: int, policy: FixedK | AdaptiveK | ScheduledK | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -79,40 +80,66 @@ class Engine:
         # The target's hidden states the drafter reads (returned by every forward, handed over verified).
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
         self._clock = StageClock(target.device)
+        # request id -> the target's hidden states of the prompt chunks fed so far ([n, layers, H] each;
+        # none kept without a drafter that reads them), while a prompt is fed over several steps.
+        self._prefilling: dict[str, list[torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    def prefill(self, seqs: list[Sequence]) -> None:
-        """Start sequences whose ``slot`` is set: every prompt token but the pending one into the
-        target's slot (ragged forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), and the
-        prompts into the drafter."""
+    def prefill(self, seqs: list[Sequence], num_tokens: list[int] | None = None) -> list[Sequence]:
+        """Feed prompts into the target's slots (``slot`` set): row ``b`` its next ``num_tokens[b]``
+        prompt tokens (default: all it has left), never its pending (last) token, in ragged forwards,
+        as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows. A sequence's first call
+        empties its slot; how far its prompt is cached is its slot's length. Returns the sequences
+        whose prompt is now cached but the pending token, which the drafter then starts (with the
+        target's hidden states of every prompt position, for a drafter that reads them): a prompt fed
+        in chunks over several steps starts the drafter exactly as one fed at once."""
         clock = self._clock
         clock.start()
         for s in seqs:
-            self.cache.release(s.slot)
-        rows = [s for s in seqs if len(s.prompt_ids) > 1]
-        hidden = {}
-        for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.target.device):
+            if s.request_id not in self._prefilling:
+                self.cache.release(s.slot)
+                self._prefilling[s.request_id] = []
+        left = [len(s.prompt_ids) - 1 - self.cache.lengths[s.slot] for s in seqs]
+        counts = left if num_tokens is None else [min(n, m) for n, m in zip(num_tokens, left)]
+        rows = [(s, n) for s, n in zip(seqs, counts) if n > 0]
+        starts = {s.slot: self.cache.lengths[s.slot] for s, _ in rows}
+        by_slot = {s.slot: s for s, _ in rows}
+        for batch in prefill_batches([s.prompt_ids[starts[s.slot]: starts[s.slot] + n] for s, n in rows],
+                                     [s.slot for s, _ in rows], self.target.device,
+                                     starts=[starts[s.slot] for s, _ in rows]):
             if self.hidden_layers:
                 batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
             out = self.target.forward(batch, self.cache)
-            for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
-                hidden[slot] = out.hidden[a:b] if self.hidden_layers else None
-        if self.drafter is not None:
+            if self.hidden_layers:
+                for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+                    self._prefilling[by_slot[slot].request_id].append(out.hidden[a:b])
+        done = [s for s in seqs if self.cache.lengths[s.slot] >= len(s.prompt_ids) - 1]
+        if self.drafter is not None and done:
             if self.hidden_layers:
                 none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
-                self.drafter.observe_hidden(seqs, [hidden.get(s.slot, none) for s in seqs])
-            self.drafter.add(seqs)
+                parts = [self._prefilling[s.request_id] for s in done]
+                self.drafter.observe_hidden(done, [none if not p else p[0] if len(p) == 1 else torch.cat(p)
+                                                   for p in parts])
+            self.drafter.add(done)
+        for s in done:
+            del self._prefilling[s.request_id]
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
         self.metrics.time_prefill += seconds
         for s in seqs:
             s.metrics.time_prefill += seconds
+        return done
+
+    def is_prefilling(self, seq: Sequence) -> bool:
+        """Whether part of the sequence's prompt was fed and the rest is still to come."""
+        return seq.request_id in self._prefilling
 
     def release(self, seq: Sequence) -> None:
-        """Free a finished or aborted sequence's slot and drafter state."""
+        """Free a finished or aborted sequence's slot and drafter state (a sequence aborted while its
+        prompt was being fed has no drafter state yet)."""
         self.cache.release(seq.slot)
         self.policy.release(seq)
-        if self.drafter is not None:
+        if self._prefilling.pop(seq.request_id, None) is None and self.drafter is not None:
             self.drafter.release(seq)
 
     # ------------------------------------------------------------------ the step

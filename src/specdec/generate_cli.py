@@ -133,6 +133,12 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--max-model-len", type=int, default=None,
                    help="tokens per sequence, prompt and output (default: the model's context window)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="feed long prompts in chunks beside the running sequences' steps, within "
+                   "--max-num-batched-tokens per step (default on, as vLLM)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="with chunked prefill, the most tokens one step feeds the target, decoding rows first "
+                   "(default: 2048 on a GPU, 128 on a CPU, at least --max-num-seqs)")
 
 
 def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -312,7 +318,8 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, enable_chunked_prefill=args.enable_chunked_prefill,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     llm.check_params(params)
     for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
         llm.encode_prompt(prompt)

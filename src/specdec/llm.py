@@ -33,7 +33,7 @@ from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams, check_text
-from specdec.scheduler import Scheduler
+from specdec.scheduler import Scheduler, max_num_batched_tokens_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
@@ -111,7 +111,10 @@ class LLM:
     (default: the model's context window, at most :data:`DEFAULT_MAX_MODEL_LEN`); a KV pool that
     does not fit the available memory raises :class:`SpecDecError` before it is allocated.
     ``enforce_eager``: never capture CUDA graphs (on a GPU the fast backend captures its decode
-    and verify forwards lazily, per shape bucket).
+    and verify forwards lazily, per shape bucket). ``enable_chunked_prefill`` (default on, as vLLM's
+    V1): prompts are fed in chunks beside the running sequences' steps, at most
+    ``max_num_batched_tokens`` tokens per step (default: see
+    :func:`specdec.scheduler.max_num_batched_tokens_of`); off, each prompt is fed whole at admission.
     """
 
     def __init__(
@@ -126,11 +129,15 @@ class LLM:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_model_len: int | None = None,
         enforce_eager: bool = False,
+        enable_chunked_prefill: bool = True,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        if not isinstance(enable_chunked_prefill, bool):
+            raise SpecDecError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
@@ -152,10 +159,13 @@ class LLM:
                                   enforce_eager=enforce_eager)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
-        policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows)
+        policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
+                              speculative_config.num_speculative_tokens_per_batch_size)
                   if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy)
-        self.scheduler = Scheduler(self.engine, max_num_seqs)
+        self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
+                                                                max_num_seqs, self.device)
+        self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens)
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
         self._ids = itertools.count()

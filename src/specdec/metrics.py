@@ -135,6 +135,9 @@ class BatchMetrics:
     ``num_speculation_off_steps``: the steps on which it drafted for no row though some row could have
     (predicted speedup below 1, with the cost model calibrated by measured step times at that batch
     size (the guard of :mod:`specdec.adaptive`), and the cold-start and probe steps).
+    ``k_choices_by_batch_size`` (``{rows: {k: rows given k}}``) and ``speculation_off_steps_by_batch_size``
+    (``{rows: steps}``): the same by the number of rows of the step (also counted for a
+    ``num_speculative_tokens_per_batch_size`` schedule), the decisions of a policy that knows the load.
     ``num_grammar_compiles`` and ``time_grammar_compile``: structured-output constraints compiled (cache
     misses) and the seconds it took.
     """
@@ -154,12 +157,27 @@ class BatchMetrics:
     inner_accepted_tokens: int = 0
     k_choices: dict[int, int] = field(default_factory=dict)
     num_speculation_off_steps: int = 0
+    k_choices_by_batch_size: dict[int, dict[int, int]] = field(default_factory=dict)
+    speculation_off_steps_by_batch_size: dict[int, int] = field(default_factory=dict)
     num_grammar_compiles: int = 0
     time_grammar_compile: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:
         return self.num_rows / self.num_steps if self.num_steps else 0.0
+
+    def count_k_choices(self, ks: list[int], limits: list[int]) -> None:
+        """Count one step's k per row (``ks``; rows that could draft, ``limits[b] > 0``, only), overall and
+        by the step's number of rows, and the step as one with speculation off when no row drafts."""
+        rows = len(ks)
+        by_size = self.k_choices_by_batch_size.setdefault(rows, {})
+        for limit, k in zip(limits, ks):
+            if limit > 0:
+                self.k_choices[k] = self.k_choices.get(k, 0) + 1
+                by_size[k] = by_size.get(k, 0) + 1
+        if any(limits) and not any(ks):
+            self.num_speculation_off_steps += 1
+            self.speculation_off_steps_by_batch_size[rows] = self.speculation_off_steps_by_batch_size.get(rows, 0) + 1
 
     @property
     def tokens_per_step(self) -> float:

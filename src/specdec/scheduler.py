@@ -1,31 +1,91 @@
-"""Continuous batching: admits waiting sequences into free slots, steps the running ones,
-finishes and aborts them.
+"""Continuous batching: admits waiting sequences into free slots, feeds their prompts, steps the
+running ones, finishes and aborts them.
 
 Sequences join and leave between steps. When every slot is taken, new sequences wait in a
 queue in arrival order and are admitted as slots free up (the lowest free slot first, which
 keeps the running slots packed, so the pool is sliced rather than gathered).
+
+Chunked prefill (``max_num_batched_tokens`` set, as vLLM's V1 scheduler does by default): an
+admitted sequence's prompt is fed over as many steps as its length needs, beside the decoding
+step of the sequences already running, so that a long prompt does not stall them. Each step
+gives the decoding rows their tokens first (one per row plus the drafts the previous step fed,
+the estimate of this step's); what is left of the token budget goes to the prompts being fed,
+oldest first, at least :data:`MIN_PREFILL_CHUNK` tokens per step so that a prompt is never starved
+by a saturated batch. A sequence whose prompt is cached (but its pending token) joins the decoding
+step of the same step. Without a budget every admitted prompt is fed whole at admission.
+Chunking changes only when the prompt's tokens are fed: the cache, the drafter's state and so
+every output are those of a prompt fed at once (tested).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import torch
+
 from specdec.engine import Engine, StepOutput
+from specdec.errors import SpecDecError
 from specdec.sequence import Sequence
+
+MIN_PREFILL_CHUNK = 32
+"""Prompt tokens fed per step at least, whatever the decoding rows leave of the budget."""
+
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 128}
+"""The token budget of a step by device type (vLLM's V1 online-serving default on a GPU, where a forward
+of a few thousand tokens costs little more than a decoding step; on a CPU a forward's cost grows with
+every token, so a chunk about as long as a decoding step of a full batch keeps the inter-token latency)."""
+
+
+def max_num_batched_tokens_of(enabled: bool, value: object, max_num_seqs: int, device: torch.device) -> int | None:
+    """The step's token budget of the settings (None: chunked prefill off), checked: ``value`` if given,
+    else the device's default (at least ``max_num_seqs``)."""
+    if not enabled:
+        if value is not None:
+            raise SpecDecError("max_num_batched_tokens is the token budget of chunked prefill; it takes "
+                               "enable_chunked_prefill (drop one of them)")
+        return None
+    if value is None:
+        value = max(DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device.type, DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda"]),
+                    max_num_seqs)
+    return check_max_num_batched_tokens(value, max_num_seqs)
+
+
+def check_max_num_batched_tokens(value: object, max_num_seqs: int) -> int | None:
+    """``value`` once it is a valid token budget per step (None: no chunked prefill); like vLLM, a budget
+    must cover one token of every sequence that may run (``max_num_seqs``)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecDecError(f"max_num_batched_tokens must be an integer >= 1, got {value!r}")
+    if value < max_num_seqs:
+        raise SpecDecError(f"max_num_batched_tokens ({value}) is smaller than max_num_seqs ({max_num_seqs}): a step "
+                           "must fit one token of every running sequence; raise it or lower max_num_seqs")
+    return value
 
 
 class Scheduler:
-    """Owns the queue and the running batch of one :class:`Engine` (``num_slots`` slots)."""
+    """Owns the queue and the running batch of one :class:`Engine` (``num_slots`` slots);
+    ``max_num_batched_tokens``: the token budget of a step with chunked prefill (None: prompts are fed
+    whole at admission)."""
 
-    def __init__(self, engine: Engine, num_slots: int) -> None:
+    def __init__(self, engine: Engine, num_slots: int, max_num_batched_tokens: int | None = None) -> None:
         self.engine = engine
+        self.max_num_batched_tokens = check_max_num_batched_tokens(max_num_batched_tokens, num_slots)
         self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []  # admitted, prompt partly fed (chunked prefill), in arrival order
         self.running: list[Sequence] = []
         self._free = list(range(num_slots))
+        self._last_drafted = 0  # drafts the last decoding step fed the target
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self.running)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding a slot: decoding, or with their prompt being fed."""
+        return len(self.running) + len(self.prefilling)
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; it is admitted at the next ``step`` with a free slot."""
@@ -38,33 +98,52 @@ class Scheduler:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
                 return True
-        for seq in self.running:
-            if seq.request_id == request_id:
-                self.running.remove(seq)
-                self._finish(seq)
-                return True
+        for group in (self.prefilling, self.running):
+            for seq in group:
+                if seq.request_id == request_id:
+                    group.remove(seq)
+                    self._finish(seq)
+                    return True
         return False
 
     def step(self) -> list[StepOutput]:
-        """Admit what fits, run one engine step over every running sequence, retire the finished
-        ones; returns the step's output of each sequence that ran (none when idle)."""
-        admitted = []
+        """Admit what fits, feed prompts (within the step's token budget when chunked), run one engine
+        step over every running sequence, retire the finished ones; returns the step's output of each
+        sequence that ran (none when idle)."""
         while self.waiting and self._free:
             seq = self.waiting.popleft()
             self._free.sort()
             seq.slot = self._free.pop(0)
-            admitted.append(seq)
-        if admitted:
-            self.engine.prefill(admitted)
-            self.running.extend(admitted)
-            self.running.sort(key=lambda s: s.slot)
+            self.prefilling.append(seq)
+        if self.prefilling:
+            started = self.engine.prefill(self.prefilling, self._chunks())
+            if started:
+                ids = {id(s) for s in started}
+                self.prefilling = [s for s in self.prefilling if id(s) not in ids]
+                self.running.extend(started)
+                self.running.sort(key=lambda s: s.slot)
         if not self.running:
             return []
         outputs = self.engine.step(self.running)
+        self._last_drafted = sum(out.num_drafted for out in outputs)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self._finish(seq)
         return outputs
+
+    def _chunks(self) -> list[int] | None:
+        """Prompt tokens each sequence in ``prefilling`` gets this step (None: all it has left)."""
+        if self.max_num_batched_tokens is None:
+            return None
+        decoding = len(self.running) + (self._last_drafted if self.running else 0)
+        budget = max(self.max_num_batched_tokens - decoding, min(MIN_PREFILL_CHUNK, self.max_num_batched_tokens))
+        lengths = self.engine.cache.lengths
+        chunks = []
+        for seq in self.prefilling:
+            left = len(seq.prompt_ids) - 1 - (lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
+            chunks.append(min(left, budget))
+            budget -= chunks[-1]
+        return chunks
 
     def _finish(self, seq: Sequence) -> None:
         self.engine.release(seq)

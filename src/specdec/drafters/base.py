@@ -20,6 +20,8 @@ from specdec.adaptive import AUTO, DEFAULT_MAX_SPECULATIVE_TOKENS
 from specdec.argmax import argmax
 from specdec.drafters.draft_vocab import check_draft_vocab_size
 from specdec.errors import SpecDecError
+from specdec.k_schedule import NAME as SCHEDULE
+from specdec.k_schedule import parse_schedule
 from specdec.metrics import BatchMetrics
 from specdec.models.base import CausalLM, KVCache, to_device
 from specdec.models.loader import ModelSource
@@ -62,6 +64,9 @@ class SpeculativeConfig:
     ``draft_vocab_size``: a method with ``draft_vocab`` scores only this many of the most frequent tokens
     (0: the whole vocabulary; None: the default stored with its folder's token counts, if any;
     :mod:`specdec.drafters.draft_vocab`).
+    ``num_speculative_tokens_per_batch_size``: vLLM-style k by the step's number of rows, such as
+    ``{1: 4, 8: 2, 32: 0}``, each k at most a fixed ``num_speculative_tokens`` (:mod:`specdec.k_schedule`):
+    it overrides the policy, stored as ``(batch size, k)`` pairs.
     """
 
     method: str
@@ -84,6 +89,7 @@ class SpeculativeConfig:
     lookahead_ngram: int = 4
     lookahead_guesses: int = 2
     draft_vocab_size: int | None = None
+    num_speculative_tokens_per_batch_size: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -97,6 +103,13 @@ class SpeculativeConfig:
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
                 extra = f" or {AUTO!r}" if name == "num_speculative_tokens" else ""
                 raise SpecDecError(f"{name} must be an integer in 1..{MAX_SPECULATIVE_TOKENS}{extra}, got {k!r}")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            if self.num_speculative_tokens == AUTO:
+                raise SpecDecError(f"{SCHEDULE} fixes k per batch size and num_speculative_tokens 'auto' chooses "
+                                   "it from measured cost: give one of them (with a schedule, num_speculative_tokens "
+                                   "is the most a row drafts)")
+            self.num_speculative_tokens_per_batch_size = parse_schedule(self.num_speculative_tokens_per_batch_size,
+                                                                        self.num_speculative_tokens)
         threshold = self.draft_confidence_threshold
         if threshold is not None:
             if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:

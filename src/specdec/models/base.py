@@ -122,20 +122,23 @@ activations of a ragged prefill grow with rows x length, so long prompts go a fe
 
 
 def prefill_batches(
-    rows: Sequence[Sequence[int]], slots: Sequence[int], device: torch.device, budget: int = PREFILL_TOKEN_BUDGET
+    rows: Sequence[Sequence[int]], slots: Sequence[int], device: torch.device, budget: int = PREFILL_TOKEN_BUDGET,
+    starts: Sequence[int] | None = None,
 ) -> list[ForwardBatch]:
-    """Prompts into empty slots as few forwards as ``budget`` allows: row ``b`` feeds ``rows[b]``
-    into slot ``slots[b]`` from position 0, no logits wanted."""
+    """Prompts into slots in as few forwards as ``budget`` allows: row ``b`` feeds ``rows[b]`` into slot
+    ``slots[b]`` from position ``starts[b]`` (default 0: an empty slot; a later chunk of a prompt
+    continues where the slot's cache ends), no logits wanted."""
+    starts = [0] * len(rows) if starts is None else starts
     batches, group = [], []
-    for row, slot in sorted(zip(rows, slots), key=lambda item: len(item[0])):
+    for row, slot, start in sorted(zip(rows, slots, starts), key=lambda item: len(item[0])):
         if group and (len(group) + 1) * len(row) > budget:
             batches.append(group)
             group = []
-        group.append((row, slot))
+        group.append((row, slot, start))
     if group:
         batches.append(group)
-    return [ForwardBatch.from_rows([r for r, _ in g], [0] * len(g), [s for _, s in g], device, logits="none")
-            for g in batches]
+    return [ForwardBatch.from_rows([r for r, _, _ in g], [p for _, _, p in g], [s for _, s, _ in g], device,
+                                   logits="none") for g in batches]
 
 
 POOL_MEMORY_FRACTION = 0.9

@@ -297,6 +297,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
     metrics.watch_grammars(llm.batch_metrics)
+    metrics.watch_policy(llm.batch_metrics)
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)

@@ -128,7 +128,9 @@ def run_serve(args: argparse.Namespace) -> int:
         template = DEFAULT_CHAT_TEMPLATE.read_text(encoding="utf-8")
     llm_kwargs = dict(model=model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype,
                       device=args.device, seed=args.seed, backend=args.backend, max_num_seqs=args.max_num_seqs,
-                      max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+                      max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+                      enable_chunked_prefill=args.enable_chunked_prefill,
+                      max_num_batched_tokens=args.max_num_batched_tokens)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     if settings is not None:
         app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,

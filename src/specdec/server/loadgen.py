@@ -1,4 +1,5 @@
-"""``specdec bench-serve``: a load generator for a running ``specdec serve`` (or any OpenAI server).
+"""``specdec bench-serve``: a load generator for a running ``specdec serve`` (or any OpenAI server);
+``--in-process``: the serving benchmark of :mod:`specdec.bench.serving` (no server).
 
 At each concurrency ``c`` it keeps ``c`` streaming ``/v1/completions`` requests in flight until
 ``--num-requests`` are done, and reports throughput (generated tokens / wall time), time to
@@ -188,11 +189,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="share of requests that disconnect after 1-4 chunks (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and of the disconnects")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    g = p.add_argument_group("in-process serving benchmark (--in-process: no server; the embedded pair, one "
+                             "method at a time, through the server's own submit/step loop)")
+    g.add_argument("--in-process", action="store_true",
+                   help="drive the engine in this process instead of a server at --base-url")
+    g.add_argument("--methods", default="plain,draft_model,eagle,suffix",
+                   help="comma-separated methods (default plain,draft_model,eagle,suffix)")
+    g.add_argument("--workloads", default="code,chat,flood",
+                   help="comma-separated: code (single turn), chat (multi-turn, shared prefix), flood (long "
+                   "prompts arriving beside running streams) (default all)")
+    g.add_argument("--k", default="auto", type=lambda v: v if v == "auto" else int(v),
+                   help="num_speculative_tokens of the speculative methods (default auto)")
+    g.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default: the model's)")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="chunked prefill in the benchmarked engine (default on)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the step's token budget with chunked prefill (default: the engine's)")
+    g.add_argument("--goodput-ttft-ms", type=float, default=1000.0,
+                   help="goodput counts requests with TTFT at most this (default 1000)")
+    g.add_argument("--goodput-itl-ms", type=float, default=50.0,
+                   help="... and mean ITL at most this (default 50)")
+    g.add_argument("--flood-prompt-tokens", type=int, default=448, help="tokens of each flood prompt (default 448)")
+    g.add_argument("--flood-stream-tokens", type=int, default=96,
+                   help="tokens each measured stream generates in the flood workload (default 96)")
     p.set_defaults(func=run_bench_serve)
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
     from specdec.train.corpus import code_prompts
+
+    if args.in_process:
+        from specdec.bench.serving import run_in_process
+
+        return run_in_process(args)
 
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")

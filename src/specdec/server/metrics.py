@@ -77,6 +77,12 @@ class ServerMetrics:
         ``specdec:grammar_compiles_total`` and ``specdec:grammar_compile_seconds_total``."""
         self.registry.register(_GrammarCollector(batch, self._model_name))
 
+    def watch_policy(self, batch: BatchMetrics) -> None:
+        """Expose the k-policy's decisions counted in ``batch`` (read at each scrape) by batch size (the
+        step's rows, bucketed to the power of two at or below it): ``specdec:spec_decode_k_choices_total``
+        (rows given each ``k``) and ``specdec:spec_decode_speculation_off_steps_total``."""
+        self.registry.register(_PolicyCollector(batch, self._model_name))
+
     def record_step(self, outputs: list[StepOutput]) -> None:
         """Count one engine step: its batch size and each row's drafted and accepted tokens."""
         self.batch_size.observe(len(outputs))
@@ -126,3 +132,38 @@ class _GrammarCollector:
                                       "Seconds spent compiling structured-output constraints.", labels=["model_name"])
         seconds.add_metric([self.model_name], self.batch.time_grammar_compile)
         return [compiles, seconds]
+
+
+def batch_bucket(rows: int) -> str:
+    """The label of a step's row count: the power of two at or below it."""
+    return str(1 << (rows.bit_length() - 1))
+
+
+class _PolicyCollector:
+    """The k-policy's decisions (auto k or a per-batch-size schedule) from the engine's :class:`BatchMetrics`."""
+
+    def __init__(self, batch: BatchMetrics, model_name: str) -> None:
+        self.batch, self.model_name = batch, model_name
+
+    def collect(self):
+        choices = CounterMetricFamily(
+            "specdec:spec_decode_k_choices",
+            "Rows given each k by the speculation policy, by batch size (rows of the step, power-of-two bucket).",
+            labels=["model_name", "batch_size", "k"])
+        totals: dict[tuple[str, int], int] = {}
+        for rows, ks in list(self.batch.k_choices_by_batch_size.items()):
+            for k, count in list(ks.items()):
+                key = (batch_bucket(rows), k)
+                totals[key] = totals.get(key, 0) + count
+        for (bucket, k), count in sorted(totals.items(), key=lambda item: (int(item[0][0]), item[0][1])):
+            choices.add_metric([self.model_name, bucket, str(k)], count)
+        off = CounterMetricFamily(
+            "specdec:spec_decode_speculation_off_steps",
+            "Steps on which the speculation policy drafted for no row though some could, by batch size.",
+            labels=["model_name", "batch_size"])
+        steps: dict[str, int] = {}
+        for rows, count in list(self.batch.speculation_off_steps_by_batch_size.items()):
+            steps[batch_bucket(rows)] = steps.get(batch_bucket(rows), 0) + count
+        for bucket, count in sorted(steps.items(), key=lambda item: int(item[0])):
+            off.add_metric([self.model_name, bucket], count)
+        return [choices, off]

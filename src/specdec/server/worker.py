@@ -92,7 +92,7 @@ class EngineWorker:
                 break
             if scheduler.has_work:
                 self._step()
-            self.metrics.running.set(len(scheduler.running))
+            self.metrics.running.set(scheduler.num_running)
             self.metrics.waiting.set(len(scheduler.waiting))
         for job in list(self._jobs.values()):
             self._abort(job)

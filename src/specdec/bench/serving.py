@@ -1,0 +1,321 @@
+"""``specdec bench-serve --in-process``: the serving benchmark, driving an ``LLM`` through the server's own
+loop (``submit``, then ``step`` until idle, as :class:`specdec.server.worker.EngineWorker` does) with
+no HTTP in between, so that what is measured is the scheduler and the engine under load.
+
+Workloads (closed loop: ``c`` clients, each sending its next request when its last one finished):
+
+- ``code``: single-turn completions of held-out code prompts, ``max_tokens`` each (``ignore_eos``).
+- ``chat``: multi-turn conversations sharing one system prefix; each turn's prompt is the prefix, the
+  conversation so far (questions and the model's own answers) and a new question.
+- ``flood``: ``c`` long-running streams, measured alone and then while clients keep sending long prompts
+  (one token each): how much the prompt flood moves the running streams' p99 inter-token latency.
+
+Per method and concurrency: throughput (generated tokens per second of wall time), TTFT and ITL p50,
+p99 and mean, and goodput (requests per second whose TTFT and mean ITL both meet ``--goodput-ttft-ms`` and
+``--goodput-itl-ms``), plus the speculation policy's decisions at that load (rows given each k, steps
+with speculation off). ITL follows :mod:`specdec.server.loadgen`: a step that hands a request ``m``
+tokens ``g`` seconds after its previous ones counts ``m`` latencies of ``g / m`` (time per output token).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import SpecDecError
+from specdec.server.loadgen import percentile
+
+METHODS = ("plain", "draft_model", "eagle", "suffix")
+WORKLOADS = ("code", "chat", "flood")
+CHAT_TURNS = 3
+FLOOD_CLIENTS = 2
+"""Clients sending long prompts back to back in the flood workload."""
+
+
+@dataclass
+class Trace:
+    """One request as the serving loop saw it (seconds from ``time.perf_counter``)."""
+
+    submitted: float
+    tokens: int = 0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    last: float = 0.0
+    output: list[int] = field(default_factory=list)
+
+
+class Client:
+    """Sends its requests one after the other: ``next_prompt(previous output ids)`` returns the next
+    prompt's token ids, or None when it is done; ``params``: its requests' sampling parameters (None:
+    the run's)."""
+
+    def __init__(self, prompts: list[list[int]], params=None) -> None:
+        self.prompts, self.params = prompts, params
+
+    def next_prompt(self, previous: list[int] | None) -> list[int] | None:
+        return self.prompts.pop(0) if self.prompts else None
+
+
+class ChatClient(Client):
+    """Conversations of ``CHAT_TURNS`` turns from a shared queue of questions: each turn's prompt is the
+    shared ``prefix``, the history (questions and answers) and the next question."""
+
+    def __init__(self, prefix: list[int], questions: list[list[int]], conversations: list[int]) -> None:
+        super().__init__([])
+        self.prefix, self.questions, self.conversations = prefix, questions, conversations
+        self.history: list[int] = []
+        self.turn = CHAT_TURNS
+
+    def next_prompt(self, previous: list[int] | None) -> list[int] | None:
+        if previous is not None:
+            self.history += previous
+        if self.turn == CHAT_TURNS:
+            if not self.conversations or not self.questions:
+                return None
+            self.conversations.pop()
+            self.history, self.turn = [], 0
+        self.turn += 1
+        self.history += self.questions.pop(0)
+        return self.prefix + self.history
+
+
+def drive(llm, clients: list[Client], params, measured: list[Client] | None = None) -> tuple[list[Trace], float]:
+    """Run the clients to completion through ``llm.submit`` and ``llm.step``; returns the traces of the
+    requests of ``measured`` clients (default: all) and the wall time. A client not measured sends
+    nothing more once no measured request runs (the flood stops with the streams it floods)."""
+    measured = clients if measured is None else measured
+    active: dict[str, tuple[Client, Any, Trace]] = {}
+    traces: list[Trace] = []
+
+    def send(client: Client, previous: list[int] | None) -> None:
+        is_measured = any(client is m for m in measured)
+        if not is_measured and not any(any(c is m for m in measured) for c, _, _ in active.values()):
+            return
+        prompt = client.next_prompt(previous)
+        if prompt is None:
+            return
+        handle = llm.submit({"prompt_token_ids": prompt}, client.params or params)
+        trace = Trace(time.perf_counter())
+        active[handle.seq.request_id] = (client, handle, trace)
+        if is_measured:
+            traces.append(trace)
+
+    tic = time.perf_counter()
+    for client in sorted(clients, key=lambda c: not any(c is m for m in measured)):  # measured ones first
+        send(client, None)
+    while active:
+        llm.step()
+        now = time.perf_counter()
+        for request_id, (client, handle, trace) in list(active.items()):
+            if handle.error is not None:
+                raise SpecDecError(f"a request failed in the benchmark: {handle.error}")
+            while handle.pending:
+                item = handle.pending.popleft()
+                new = len(item.token_ids)
+                if new:
+                    if trace.ttft is None:
+                        trace.ttft = now - trace.submitted
+                    else:
+                        trace.itl.extend([(now - trace.last) / new] * new)
+                    trace.last, trace.tokens = now, trace.tokens + new
+                    trace.output += item.token_ids
+                if item.finished:
+                    del active[request_id]
+                    send(client, trace.output)
+    return traces, time.perf_counter() - tic
+
+
+def summarize(traces: list[Trace], seconds: float, ttft_slo_ms: float, itl_slo_ms: float) -> dict[str, Any]:
+    """Throughput, latency percentiles (milliseconds) and goodput of one run."""
+    ttft = [t.ttft * 1000 for t in traces if t.ttft is not None]
+    itl = [x * 1000 for t in traces for x in t.itl]
+    tokens = sum(t.tokens for t in traces)
+    good = [t for t in traces if t.ttft is not None and t.ttft * 1000 <= ttft_slo_ms
+            and (not t.itl or statistics.fmean(t.itl) * 1000 <= itl_slo_ms)]
+    return {
+        "requests": len(traces), "seconds": seconds, "tokens": tokens,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "requests_per_second": len(traces) / seconds if seconds else 0.0,
+        "goodput_requests_per_second": len(good) / seconds if seconds else 0.0,
+        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
+        "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
+        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+    }
+
+
+def decisions(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The policy's choices between two snapshots of ``BatchMetrics.to_dict()``: rows given each k by batch
+    size, steps with speculation off, steps, draft and accepted tokens."""
+    by_size: dict[int, dict[int, int]] = {}
+    for rows, ks in after["k_choices_by_batch_size"].items():
+        old = before["k_choices_by_batch_size"].get(rows, {})
+        diff = {k: n - old.get(k, 0) for k, n in ks.items() if n - old.get(k, 0)}
+        if diff:
+            by_size[rows] = dict(sorted(diff.items()))
+    steps = after["num_steps"] - before["num_steps"]
+    return {"steps": steps,
+            "speculation_off_steps": after["num_speculation_off_steps"] - before["num_speculation_off_steps"],
+            "k_choices_by_batch_size": dict(sorted(by_size.items())),
+            "draft_tokens": after["num_draft_tokens"] - before["num_draft_tokens"],
+            "accepted_tokens": after["num_accepted_tokens"] - before["num_accepted_tokens"]}
+
+
+def speculative_config(method: str, k: int | str, draft: str) -> dict[str, Any] | None:
+    """The speculative_config of a benchmarked method on the embedded pair (eagle: its shipped heads)."""
+    if method == "plain":
+        return None
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if method == "draft_model":
+        config["model"] = draft
+    return config
+
+
+def build_workloads(llm, args) -> dict[str, Any]:
+    """Token-id prompts of every workload, the same for every method."""
+    from specdec.train.corpus import code_prompts
+
+    encode = llm.tokenizer
+    texts = code_prompts(max(64, 4 * max(args.concurrency)), seed=args.seed)
+    ids = [encode(t)["input_ids"][:96] for t in texts]
+    prefix = encode("# system: you are a careful Python assistant; answer with code only.\n"
+                    + texts[0] + texts[1])["input_ids"][:160]
+    room = llm.max_model_len - args.max_tokens - 8
+    long = []
+    for i in range(len(ids)):
+        joined = [t for j in range(i, i + 12) for t in ids[j % len(ids)]]
+        long.append(joined[: min(args.flood_prompt_tokens, room)])
+    return {"code": ids, "chat_prefix": prefix, "chat_questions": [q[:40] for q in ids], "long": long}
+
+
+def run_method(method: str, args, workloads: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every workload and concurrency for one method: its rows (JSON-ready)."""
+    from specdec import LLM, SamplingParams
+    from specdec.assets import require_default_pair
+
+    target, draft = require_default_pair()
+    llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft)),
+              max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
+              enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens)
+    workloads = workloads or build_workloads(llm, args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True, seed=None)
+    drive(llm, [Client(copy.deepcopy(workloads["code"][:4]))], params)  # warm-up: shapes, the policy's first fits
+    rows = []
+
+    def record(workload: str, concurrency: int, traces: list[Trace], seconds: float, before: dict, **extra) -> None:
+        row = {"method": method, "workload": workload, "concurrency": concurrency,
+               **summarize(traces, seconds, args.goodput_ttft_ms, args.goodput_itl_ms),
+               "policy": decisions(before, llm.batch_metrics.to_dict()), **extra}
+        rows.append(row)
+        print(line(row), file=sys.stderr, flush=True)
+
+    for workload in args.workloads:
+        for c in args.concurrency:
+            before = llm.batch_metrics.to_dict()
+            if workload == "code":
+                num = args.num_requests or max(8, 2 * c)
+                queue = [workloads["code"][i % len(workloads["code"])] for i in range(num)]
+                clients = [Client(queue) for _ in range(c)]  # one shared queue
+                traces, seconds = drive(llm, clients, params)
+                record(workload, c, traces, seconds, before)
+            elif workload == "chat":
+                questions = copy.deepcopy(workloads["chat_questions"])
+                conversations = list(range(max(c, (args.num_requests or 2 * c) // CHAT_TURNS)))
+                clients = [ChatClient(workloads["chat_prefix"], questions, conversations) for _ in range(c)]
+                traces, seconds = drive(llm, clients, params)
+                record(workload, c, traces, seconds, before)
+            else:
+                stream_params = SamplingParams(max_tokens=args.flood_stream_tokens, temperature=args.temperature,
+                                               ignore_eos=True)
+                alone, seconds = drive(llm, [Client([p]) for p in workloads["code"][:c]], stream_params)
+                record("flood-baseline", c, alone, seconds, before)
+                before = llm.batch_metrics.to_dict()
+                streams = [Client([p]) for p in workloads["code"][:c]]
+                one = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
+                flood = [Client(copy.deepcopy(workloads["long"]), one) for _ in range(FLOOD_CLIENTS)]
+                mixed, seconds = drive(llm, streams + flood, stream_params, measured=streams)
+                base = percentile([x for t in alone for x in t.itl], 99)
+                p99 = percentile([x for t in mixed for x in t.itl], 99)
+                record("flood", c, mixed, seconds, before, itl_p99_vs_baseline=p99 / base if base else None)
+    return workloads, rows
+
+
+def line(row: dict[str, Any]) -> str:
+    policy = row["policy"]
+    off = f"{policy['speculation_off_steps']}/{policy['steps']} steps off"
+    extra = f" | p99 ITL x{row['itl_p99_vs_baseline']:.2f} of no flood" if row.get("itl_p99_vs_baseline") else ""
+    return (f"{row['method']:<11} {row['workload']:<14} c={row['concurrency']:<3} "
+            f"{row['tokens_per_second']:7.1f} tok/s "
+            f"| goodput {row['goodput_requests_per_second']:.2f} req/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
+            f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
+            f"p99 {row['itl_ms_p99']:.1f} | {off}{extra}")
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each speculative row against plain decoding's at the same workload and concurrency: throughput ratio,
+    p99 ITL ratio, mean ITL speedup, and whether the issue's targets hold (throughput >= plain, p99 ITL <=
+    1.1x plain, at one stream mean ITL >= 1.6x lower)."""
+    plain = {(r["workload"], r["concurrency"]): r for r in rows if r["method"] == "plain"}
+    out = []
+    for r in rows:
+        ref = plain.get((r["workload"], r["concurrency"]))
+        if r["method"] == "plain" or ref is None or r["workload"].startswith("flood"):
+            continue
+        throughput = r["tokens_per_second"] / ref["tokens_per_second"]
+        p99 = r["itl_ms_p99"] / ref["itl_ms_p99"]
+        mean = ref["itl_ms_mean"] / r["itl_ms_mean"]
+        ok = throughput >= 1.0 and p99 <= 1.1 and (r["concurrency"] != 1 or mean >= 1.6)
+        out.append({"method": r["method"], "workload": r["workload"], "concurrency": r["concurrency"],
+                    "throughput_vs_plain": throughput, "itl_p99_vs_plain": p99, "itl_mean_speedup": mean,
+                    "targets_met": ok})
+    return out
+
+
+def table(comparison: list[dict[str, Any]]) -> str:
+    """The comparison as a Markdown table."""
+    lines = ["| method | workload | streams | throughput / plain | p99 ITL / plain | mean ITL speedup | targets |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for c in comparison:
+        lines.append(f"| {c['method']} | {c['workload']} | {c['concurrency']} | {c['throughput_vs_plain']:.2f} | "
+                     f"{c['itl_p99_vs_plain']:.2f} | {c['itl_mean_speedup']:.2f} | "
+                     f"{'met' if c['targets_met'] else 'missed'} |")
+    return "\n".join(lines)
+
+
+def run_in_process(args) -> int:
+    """``specdec bench-serve --in-process``: every method in turn (one ``LLM`` at a time), then the table."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods:
+        raise SpecDecError(f"--methods takes a comma-separated list of {', '.join(METHODS)}, got {args.methods!r}")
+    workloads_named = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    bad = sorted(set(workloads_named) - set(WORKLOADS))
+    if bad or not workloads_named:
+        raise SpecDecError(f"--workloads takes a comma-separated list of {', '.join(WORKLOADS)}, "
+                           f"got {args.workloads!r}")
+    if any(c < 1 for c in args.concurrency):
+        raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
+    args.workloads = workloads_named
+    workloads, rows = None, []
+    for method in methods:
+        workloads, method_rows = run_method(method, args, workloads)
+        rows += method_rows
+        gc.collect()  # the method's LLM and its pools, before the next one is built
+    comparison = compare(rows)
+    print(table(comparison))
+    if args.json is not None:
+        settings = {k: (v if isinstance(v, (int, float, str, list, type(None))) else str(v))
+                    for k, v in vars(args).items() if k != "func"}
+        Path(args.json).write_text(json.dumps({"settings": settings, "rows": rows, "comparison": comparison},
+                                              indent=1))
+    return 0

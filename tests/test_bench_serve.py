@@ -1,0 +1,86 @@
+"""The in-process serving benchmark (``specdec bench-serve --in-process``): its closed-loop driver on a
+tiny model (every request served whole, TTFT and ITL counted per token), the multi-turn chat client
+(each turn carries the shared prefix and the conversation so far), the flood that stops with the streams
+it floods, the comparison against plain decoding, and a tiny end-to-end run on the embedded pair."""
+
+import json
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.bench.serving import ChatClient, Client, compare, drive, summarize, table
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(model_dirs):
+    dirs = model_dirs["llama"]
+    spec = {"method": "draft_model", "model": str(dirs["truncated"]), "num_speculative_tokens": 3}
+    return LLM(dirs["target"], speculative_config=spec, dtype="float64", max_num_seqs=4, max_num_batched_tokens=8)
+
+
+def test_drive_serves_every_request_and_counts_latencies(tiny):
+    prompts = [[(3 * i + j) % 90 + 1 for j in range(5 + 7 * i)] for i in range(6)]
+    queue = list(prompts)
+    traces, seconds = drive(tiny, [Client(queue) for _ in range(3)], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert len(traces) == 6 and not queue and seconds > 0
+    for t in traces:
+        assert t.tokens == 6 == len(t.output) and t.ttft is not None and t.ttft > 0
+        assert 0 <= len(t.itl) <= 5 and all(x >= 0 for x in t.itl)  # the first output's tokens are in the TTFT
+    row = summarize(traces, seconds, ttft_slo_ms=1e9, itl_slo_ms=1e9)
+    assert row["tokens"] == 36 and row["goodput_requests_per_second"] == pytest.approx(row["requests_per_second"])
+    assert summarize(traces, seconds, ttft_slo_ms=0.0, itl_slo_ms=1e9)["goodput_requests_per_second"] == 0.0
+    assert not tiny.scheduler.has_work
+
+
+def test_chat_client_carries_the_prefix_and_the_conversation():
+    client = ChatClient([1, 1], [[2], [3], [4], [5]], conversations=[0])
+    assert client.next_prompt(None) == [1, 1, 2]
+    assert client.next_prompt([9, 9]) == [1, 1, 2, 9, 9, 3]
+    assert client.next_prompt([8]) == [1, 1, 2, 9, 9, 3, 8, 4]
+    assert client.next_prompt([7]) is None  # three turns, no conversation left
+
+
+def test_flood_stops_with_the_measured_streams(tiny):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    streams = [Client([[5, 6, 7]]), Client([[8, 9]])]
+    flood = Client([[(i % 80) + 1 for i in range(40)] for _ in range(50)], SamplingParams(max_tokens=1))
+    traces, _ = drive(tiny, streams + [flood], params, measured=streams)
+    assert len(traces) == 2 and all(t.tokens == 4 for t in traces)
+    assert 0 < 50 - len(flood.prompts) < 50  # it flooded, and stopped once the streams were done
+
+
+def test_compare_checks_the_targets():
+    def row(method, c, tps, p99, mean):
+        return {"method": method, "workload": "code", "concurrency": c, "tokens_per_second": tps,
+                "itl_ms_p99": p99, "itl_ms_mean": mean}
+
+    rows = [row("plain", 1, 100, 10, 10), row("suffix", 1, 180, 10.5, 5), row("eagle", 1, 150, 9, 7),
+            row("plain", 16, 800, 20, 20), row("suffix", 16, 790, 20, 20)]
+    got = {(c["method"], c["concurrency"]): c for c in compare(rows)}
+    assert got[("suffix", 1)]["targets_met"] and got[("suffix", 1)]["itl_mean_speedup"] == 2.0
+    assert not got[("eagle", 1)]["targets_met"]  # mean ITL only 1.43x lower at one stream
+    assert not got[("suffix", 16)]["targets_met"]  # throughput below plain's
+    assert "| suffix | code | 1 | 1.80 | 1.05 | 2.00 | met |" in table(compare(rows))
+
+
+def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    code = main(["bench-serve", "--in-process", "--methods", "plain,suffix", "--workloads", "code,chat,flood",
+                 "--concurrency", "1", "2", "--max-tokens", "4", "--num-requests", "3", "--flood-prompt-tokens", "64",
+                 "--flood-stream-tokens", "6", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    keys = {(r["method"], r["workload"], r["concurrency"]) for r in data["rows"]}
+    assert keys == {(m, w, c) for m in ("plain", "suffix") for w in ("code", "chat", "flood-baseline", "flood")
+                    for c in (1, 2)}
+    for r in data["rows"]:
+        assert r["tokens"] > 0 and r["ttft_ms_p50"] > 0 and "k_choices_by_batch_size" in r["policy"]
+    assert {(c["workload"], c["concurrency"]) for c in data["comparison"]} == {
+        (w, c) for w in ("code", "chat") for c in (1, 2)}
+    assert "| method | workload |" in capsys.readouterr().out
+
+
+def test_bench_serve_bad_methods(capsys):
+    assert main(["bench-serve", "--in-process", "--methods", "plain,nope"]) == 2
+    assert "--methods takes a comma-separated list" in capsys.readouterr().err
