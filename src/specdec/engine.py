@@ -59,18 +59,20 @@ class Engine:
 
     ``num_speculative_tokens`` is k, the most drafts a row proposes per step (0 without a
     drafter); ``policy`` picks each row's k within it every step (default: always k; see
-    :mod:`specdec.adaptive`). The engine owns the target's pool; slots are assigned by the scheduler.
+    :mod:`specdec.adaptive`). The engine owns the target's pool (``num_blocks`` blocks, None: every slot
+    can be full; prefix caching with ``prefix_caching``); slots are assigned by the scheduler.
     """
 
     def __init__(
         self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
-        max_model_len: int, policy: FixedK | AdaptiveK | None = None,
+        max_model_len: int, policy: FixedK | AdaptiveK | None = None, num_blocks: int | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
         self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
-        self.cache: KVCache = target.new_cache(num_slots, max_model_len)
+        self.cache: KVCache = target.new_cache(num_slots, max_model_len, num_blocks, prefix_caching)
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
         if drafter is not None:
@@ -82,31 +84,67 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, seqs: list[Sequence]) -> None:
-        """Start sequences whose ``slot`` is set: every prompt token but the pending one into the
-        target's slot (ragged forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), and the
-        prompts into the drafter."""
+        """Start sequences whose ``slot`` is set: every context token but the pending one (the prompt; after
+        a preemption the output so far too) into the target's slot, past the blocks the prefix cache
+        holds (ragged forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), and
+        the prompts into the drafter. A drafter that reads the target's hidden states gets them for every
+        prompt token: its prompts are not looked up in the prefix cache. Sequences whose first block is
+        the same (``n > 1``, a shared system prompt) are prefilled in turns, so that the later ones find
+        the first one's blocks."""
         clock = self._clock
         clock.start()
-        for s in seqs:
-            self.cache.release(s.slot)
-        rows = [s for s in seqs if len(s.prompt_ids) > 1]
-        hidden = {}
-        for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.target.device):
-            if self.hidden_layers:
-                batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
-            out = self.target.forward(batch, self.cache)
-            for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
-                hidden[slot] = out.hidden[a:b] if self.hidden_layers else None
-        if self.drafter is not None:
-            if self.hidden_layers:
-                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
-                self.drafter.observe_hidden(seqs, [hidden.get(s.slot, none) for s in seqs])
-            self.drafter.add(seqs)
+        lookup = self.cache.caches_prefixes and not self.hidden_layers
+        todo = list(seqs)
+        while todo:
+            firsts, now, later = set(), [], []
+            for s in todo:
+                first = tuple(s.token_ids[: self.cache.block_size]) if lookup else None
+                (later if first in firsts else now).append(s)
+                if len(s.token_ids) > self.cache.block_size:
+                    firsts.add(first)
+            self._prefill_turn(now, lookup)
+            todo = later
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
         self.metrics.time_prefill += seconds
         for s in seqs:
             s.metrics.time_prefill += seconds
+
+    def _prefill_turn(self, seqs: list[Sequence], lookup: bool) -> None:
+        for s in seqs:
+            self.cache.release(s.slot)
+        cached = [self.cache.match_prefix(s.slot, s.token_ids) if lookup else 0 for s in seqs]
+        rows = [(s, c) for s, c in zip(seqs, cached) if len(s.token_ids) - 1 > c]
+        hidden = {}
+        for batch in prefill_batches([s.token_ids[c:-1] for s, c in rows], [s.slot for s, _ in rows],
+                                     self.target.device, starts=[c for _, c in rows]):
+            if self.hidden_layers:
+                batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
+            out = self.target.forward(batch, self.cache)
+            for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+                hidden[slot] = out.hidden[a:b] if self.hidden_layers else None
+        for s in seqs:
+            self.cache.commit_prefix(s.slot, s.token_ids)
+        if self.drafter is not None:
+            if self.hidden_layers:
+                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
+                self.drafter.observe_hidden(seqs, [hidden.get(s.slot, none) for s in seqs])
+            self.drafter.add(seqs)
+
+    def kv_pools(self) -> list[KVCache]:
+        """The target's pool and the drafter's own, slot for slot."""
+        return [self.cache, *(self.drafter.kv_pools() if self.drafter is not None else [])]
+
+    def blocks_short(self, seqs: list[Sequence], new: list[Sequence] = ()) -> bool:
+        """Whether some pool lacks the blocks for one more step of running ``seqs`` (each may grow by its
+        pending token and ``k`` drafts) and for prefilling ``new`` (waiting sequences, counted without any
+        prefix-cache hit)."""
+        for pool in self.kv_pools():
+            need = sum(pool.blocks_needed(s.slot, min(len(s.token_ids) + self.k, pool.capacity)) for s in seqs)
+            need += sum(pool.blocks_for(min(len(s.token_ids) + self.k, pool.capacity)) for s in new)
+            if need > pool.num_free_blocks:
+                return True
+        return False
 
     def release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's slot and drafter state."""
@@ -193,6 +231,7 @@ class Engine:
             if s.grammar is not None:
                 s.grammar.commit(kept)
             self.cache.set_length(s.slot, start + 1 + n)
+            self.cache.commit_prefix(s.slot, s.token_ids)
             s.metrics.record_step(drafted, n, len(kept))
             accepted.append(n)
             outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))

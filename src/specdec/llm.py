@@ -31,6 +31,7 @@ from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams, check_text
 from specdec.scheduler import Scheduler
@@ -111,7 +112,12 @@ class LLM:
     (default: the model's context window, at most :data:`DEFAULT_MAX_MODEL_LEN`); a KV pool that
     does not fit the available memory raises :class:`SpecDecError` before it is allocated.
     ``enforce_eager``: never capture CUDA graphs (on a GPU the fast backend captures its decode
-    and verify forwards lazily, per shape bucket).
+    and verify forwards lazily, per shape bucket). ``kv_cache_memory``: bytes (or ``"4GiB"``) of the
+    target's paged KV pool (default: room for ``max_num_seqs`` full sequences); a draft model's pool
+    holds as many tokens. Sequences are admitted while blocks are free and the least advanced one is
+    preempted (recomputed later) when they run out. ``enable_prefix_caching``: reuse the KV blocks of
+    earlier prompts' and outputs' common prefixes (exact: outputs are the same with it or without it).
+    See ``docs/serving.md``.
     """
 
     def __init__(
@@ -126,6 +132,8 @@ class LLM:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_model_len: int | None = None,
         enforce_eager: bool = False,
+        kv_cache_memory: int | str | None = None,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -145,16 +153,19 @@ class LLM:
         self.max_model_len = max_model_len or min(self.target.max_length, DEFAULT_MAX_MODEL_LEN)
         self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
+        num_blocks = kv_blocks(self.target, kv_cache_memory, self.max_model_len)
         drafter = None
         if speculative_config is not None:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
-                                  enforce_eager=enforce_eager)
+                                  enforce_eager=enforce_eager, kv_blocks=num_blocks,
+                                  prefix_caching=enable_prefix_caching)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows)
                   if speculative_config else None)
-        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy)
+        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
+                             enable_prefix_caching)
         self.scheduler = Scheduler(self.engine, max_num_seqs)
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
