@@ -240,6 +240,10 @@ class KVCache(ABC):
         """Blocks that hold ``length`` tokens."""
         return 0
 
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """Context tokens looked up in the prefix cache so far, and of them the tokens found cached."""
+        return 0, 0
+
     def match_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Share cached blocks of ``tokens[:-1]``'s prefix into empty slot ``slot``; returns the tokens now
         cached (0 without prefix caching)."""

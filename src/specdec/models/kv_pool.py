@@ -153,6 +153,9 @@ class PagedKVPool(KVCache):
         self.lengths[slot] = cached
         return cached
 
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        return (self.prefix.queries, self.prefix.hits) if self.prefix is not None else (0, 0)
+
     def commit_prefix(self, slot: int, tokens: Sequence[int]) -> None:
         """Register slot ``slot``'s full blocks of committed tokens (``tokens``, its context) not yet
         registered. Call it only when every cached entry of the slot is committed (after a step's
