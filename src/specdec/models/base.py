@@ -212,6 +212,11 @@ class KVCache(ABC):
         """Forget slot ``slot`` (its sequence finished or was aborted)."""
         self.set_length(slot, 0)
 
+    def rewind(self, slot: int, length: int) -> None:
+        """:meth:`set_length` that keeps the storage past ``length`` where it is (a paged pool keeps its
+        blocks): a drafter that wrote entries the next forward reuses in place (layer skip's first layers)."""
+        self.set_length(slot, length)
+
     # Block accounting for admission and preemption. A pool that is not paged (the fallback
     # backend's) holds any sequence that has a slot: it needs no blocks and never runs out.
     block_size: int = field(default=1, init=False)

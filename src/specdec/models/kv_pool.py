@@ -126,6 +126,9 @@ class PagedKVPool(KVCache):
         if self._registered[slot] > keep:  # only a release goes below the committed length
             self._registered[slot], self._parent[slot] = 0, 0
 
+    def rewind(self, slot: int, length: int) -> None:
+        KVCache.set_length(self, slot, length)
+
     # ------------------------------------------------------------------ prefix caching
     def match_prefix(self, slot: int, tokens: Sequence[int]) -> int:
         """Share the cached full blocks that begin ``tokens[:-1]`` (``tokens`` a context whose last token
