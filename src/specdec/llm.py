@@ -139,6 +139,8 @@ class LLM:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise SpecDecError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
