@@ -66,8 +66,8 @@ def assert_pool_is_a_fresh_prefill(llm, seqs):
         target.forward(ForwardBatch.from_rows([seq.token_ids[:-1]], [0], [0], target.device, logits="none"), fresh)
         for layer in range(target.num_layers):
             for ours, theirs in ((cache.keys, fresh.keys), (cache.values, fresh.values)):
-                torch.testing.assert_close(ours[layer][seq.slot, :, :length], theirs[layer][0, :, :length],
-                                           rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(ours[layer][cache.rows_of(seq.slot, 0, length)],
+                                           theirs[layer][fresh.rows_of(0, 0, length)], rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("skip", [[2], [1, 2]])

@@ -1,7 +1,8 @@
 """Tree utilities (specdec.tree) and tree verification (specdec.verify) against brute force.
 
 - Random ragged trees: the ancestor mask, depths, root-to-leaf paths and compaction moves equal
-  a plain walk up the parent pointers; StaticKVPool.compact moves exactly those entries.
+  a plain walk up the parent pointers; PagedKVPool.compact moves exactly those entries (through the
+  block tables).
 - Static trees from paths and EAGLE-2-style expand/prune keep a valid tree with the right nodes.
 - Greedy tree verification keeps the longest path of target-argmax matches (brute force).
 - Stochastic tree verification is exact: the first two emitted tokens of many independent
@@ -20,7 +21,7 @@ from scipy.stats import chisquare
 
 import specdec.verify
 from specdec import SpecDecError
-from specdec.models.kv_pool import StaticKVPool
+from specdec.models.kv_pool import PagedKVPool
 from specdec.tree import (
     DynamicTree,
     StaticTree,
@@ -99,8 +100,15 @@ def test_root_to_leaf_paths_match_brute_force():
 def test_compaction_moves_make_the_path_contiguous():
     """A list model of each slot: after the moves, the accepted path's entries sit at start+1.. in order."""
     rng = random.Random(2)
-    pool = StaticKVPool(4, 40, keys=[torch.randn(4, 2, 41, 3, dtype=torch.float64) for _ in range(2)],
-                        values=[torch.randn(4, 2, 41, 3, dtype=torch.float64) for _ in range(2)])
+    pool = PagedKVPool(4, 40, 4, 40, keys=[torch.randn(161, 2, 3, dtype=torch.float64) for _ in range(2)],
+                       values=[torch.randn(161, 2, 3, dtype=torch.float64) for _ in range(2)])
+    for length in range(1, 41):  # the slots grow in turn: their blocks interleave
+        for slot in range(4):
+            pool.reserve(slot, length)
+
+    def entries(tensor, slot, start, count):
+        return tensor[pool.rows_of(slot, start, count)]
+
     for _ in range(20):
         slots = rng.sample(range(4), 3)
         starts = [rng.randint(0, 10) for _ in slots]
@@ -116,10 +124,11 @@ def test_compaction_moves_make_the_path_contiguous():
         for tensor, old in zip(pool.keys + pool.values, before):
             for slot, start in zip(slots, starts):
                 for t, (src_slot, src) in enumerate(model[slot]):
-                    assert torch.equal(tensor[slot, :, start + 1 + t], old[src_slot, :, src])
-                assert torch.equal(tensor[slot, :, : start + 1], old[slot, :, : start + 1])
-            untouched = [s for s in range(4) if s not in slots]
-            assert torch.equal(tensor[untouched], old[untouched])
+                    assert torch.equal(entries(tensor, slot, start + 1 + t, 1), entries(old, src_slot, src, 1))
+                assert torch.equal(entries(tensor, slot, 0, start + 1), entries(old, slot, 0, start + 1))
+            for s in range(4):
+                if s not in slots:
+                    assert torch.equal(entries(tensor, s, 0, 40), entries(old, s, 0, 40))
 
 
 def test_static_tree_from_paths():

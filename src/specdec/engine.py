@@ -60,18 +60,20 @@ class Engine:
 
     ``num_speculative_tokens`` is k, the most drafts a row proposes per step (0 without a
     drafter); ``policy`` picks each row's k within it every step (default: always k; see
-    :mod:`specdec.adaptive`). The engine owns the target's pool; slots are assigned by the scheduler.
+    :mod:`specdec.adaptive`). The engine owns the target's pool (``num_blocks`` blocks, None: every slot
+    can be full; prefix caching with ``prefix_caching``); slots are assigned by the scheduler.
     """
 
     def __init__(
         self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
-        max_model_len: int, policy: FixedK | AdaptiveK | ScheduledK | None = None,
+        max_model_len: int, policy: FixedK | AdaptiveK | ScheduledK | None = None, num_blocks: int | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
         self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
-        self.cache: KVCache = target.new_cache(num_slots, max_model_len)
+        self.cache: KVCache = target.new_cache(num_slots, max_model_len, num_blocks, prefix_caching)
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
         if drafter is not None:
@@ -86,43 +88,49 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, seqs: list[Sequence], num_tokens: list[int] | None = None) -> list[Sequence]:
-        """Feed prompts into the target's slots (``slot`` set): row ``b`` its next ``num_tokens[b]``
-        prompt tokens (default: all it has left), never its pending (last) token, in ragged forwards,
-        as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows. A sequence's first call
-        empties its slot; how far its prompt is cached is its slot's length. Returns the sequences
-        whose prompt is now cached but the pending token, which the drafter then starts (with the
-        target's hidden states of every prompt position, for a drafter that reads them): a prompt fed
-        in chunks over several steps starts the drafter exactly as one fed at once."""
+        """Feed contexts into the target's slots (``slot`` set): row ``b`` its next ``num_tokens[b]``
+        context tokens (default: all it has left), never its pending (last) token, in ragged forwards,
+        as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows. The context is the prompt, and
+        after a preemption the output so far too.
+
+        A sequence's first call empties its slot and shares the full blocks the prefix cache holds of its
+        context (not for a drafter that reads the target's hidden states: it needs them for every prompt
+        token); how far the context is cached is then its slot's length. A sequence whose first block is
+        that of another one being fed (``n > 1``, a shared system prompt) waits until that one is done, so
+        that it finds its blocks. Full blocks are registered in the prefix cache as they are fed.
+
+        Returns the sequences whose context is now cached but the pending token, which the drafter then
+        starts (with the target's hidden states of every prompt position, for a drafter that reads them):
+        a prompt fed in chunks over several steps starts the drafter exactly as one fed at once."""
         clock = self._clock
         clock.start()
-        for s in seqs:
-            if s.request_id not in self._prefilling:
-                self.cache.release(s.slot)
-                self._prefilling[s.request_id] = []
-        left = [len(s.prompt_ids) - 1 - self.cache.lengths[s.slot] for s in seqs]
-        counts = left if num_tokens is None else [min(n, m) for n, m in zip(num_tokens, left)]
-        rows = [(s, n) for s, n in zip(seqs, counts) if n > 0]
-        starts = {s.slot: self.cache.lengths[s.slot] for s, _ in rows}
-        by_slot = {s.slot: s for s, _ in rows}
-        for batch in prefill_batches([s.prompt_ids[starts[s.slot]: starts[s.slot] + n] for s, n in rows],
-                                     [s.slot for s, _ in rows], self.target.device,
-                                     starts=[starts[s.slot] for s, _ in rows]):
-            if self.hidden_layers:
-                batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
-            out = self.target.forward(batch, self.cache)
-            if self.hidden_layers:
-                for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
-                    self._prefilling[by_slot[slot].request_id].append(out.hidden[a:b])
-        done = [s for s in seqs if self.cache.lengths[s.slot] >= len(s.prompt_ids) - 1]
-        if self.drafter is not None and done:
-            if self.hidden_layers:
-                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
-                parts = [self._prefilling[s.request_id] for s in done]
-                self.drafter.observe_hidden(done, [none if not p else p[0] if len(p) == 1 else torch.cat(p)
-                                                   for p in parts])
-            self.drafter.add(done)
-        for s in done:
-            del self._prefilling[s.request_id]
+        lookup = self.cache.caches_prefixes and not self.hidden_layers
+        budget = None if num_tokens is None else {id(s): n for s, n in zip(seqs, num_tokens)}
+        done: list[Sequence] = []
+        while True:
+            active = self._start(seqs, lookup)
+            left = [len(s.token_ids) - 1 - self.cache.lengths[s.slot] for s in active]
+            counts = left if budget is None else [min(budget[id(s)], n) for s, n in zip(active, left)]
+            rows = [(s, n) for s, n in zip(active, counts) if n > 0]
+            starts = [self.cache.lengths[s.slot] for s, _ in rows]
+            by_slot = {s.slot: s for s, _ in rows}
+            for batch in prefill_batches([s.token_ids[a: a + n] for (s, n), a in zip(rows, starts)],
+                                         [s.slot for s, _ in rows], self.target.device, starts=starts):
+                if self.hidden_layers:
+                    batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
+                out = self.target.forward(batch, self.cache)
+                if self.hidden_layers:
+                    for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
+                        self._prefilling[by_slot[slot].request_id].append(out.hidden[a:b])
+            for s in active:
+                self.cache.commit_prefix(s.slot, s.token_ids)
+            ready = [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
+            self._start_drafter(ready)
+            done += ready
+            waiting = [s for s in seqs if s.request_id not in self._prefilling and all(s is not d for d in done)]
+            if budget is not None or not waiting or not ready:
+                break
+            seqs = waiting  # fed whole: the sequences that waited for a shared first block go next
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
         self.metrics.time_prefill += seconds
@@ -130,9 +138,55 @@ class Engine:
             s.metrics.time_prefill += seconds
         return done
 
+    def _start(self, seqs: list[Sequence], lookup: bool) -> list[Sequence]:
+        """The sequences of ``seqs`` being fed, after starting (empty slot, prefix-cache lookup) those that
+        are new, but a new one whose first block is that of another one being fed."""
+        size = self.cache.block_size
+        firsts = {tuple(s.token_ids[:size]) for s in seqs if s.request_id in self._prefilling} if lookup else set()
+        for s in seqs:
+            if s.request_id in self._prefilling:
+                continue
+            first = tuple(s.token_ids[:size])
+            if lookup and first in firsts:
+                continue
+            if lookup and len(s.token_ids) > size:
+                firsts.add(first)
+            self.cache.release(s.slot)
+            if lookup:
+                self.cache.match_prefix(s.slot, s.token_ids)
+            self._prefilling[s.request_id] = []
+        return [s for s in seqs if s.request_id in self._prefilling]
+
+    def _start_drafter(self, ready: list[Sequence]) -> None:
+        """Hand sequences whose context is fed to the drafter (with their prompt's hidden states)."""
+        if self.drafter is not None and ready:
+            if self.hidden_layers:
+                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
+                parts = [self._prefilling[s.request_id] for s in ready]
+                self.drafter.observe_hidden(ready, [none if not p else p[0] if len(p) == 1 else torch.cat(p)
+                                                    for p in parts])
+            self.drafter.add(ready)
+        for s in ready:
+            del self._prefilling[s.request_id]
+
     def is_prefilling(self, seq: Sequence) -> bool:
         """Whether part of the sequence's prompt was fed and the rest is still to come."""
         return seq.request_id in self._prefilling
+
+    def kv_pools(self) -> list[KVCache]:
+        """The target's pool and the drafter's own, slot for slot."""
+        return [self.cache, *(self.drafter.kv_pools() if self.drafter is not None else [])]
+
+    def blocks_short(self, seqs: list[Sequence], new: list[Sequence] = ()) -> bool:
+        """Whether some pool lacks the blocks for one more step of running ``seqs`` (each may grow by its
+        pending token and ``k`` drafts) and for prefilling ``new`` (waiting sequences, counted without any
+        prefix-cache hit)."""
+        for pool in self.kv_pools():
+            need = sum(pool.blocks_needed(s.slot, min(len(s.token_ids) + self.k, pool.capacity)) for s in seqs)
+            need += sum(pool.blocks_for(min(len(s.token_ids) + self.k, pool.capacity)) for s in new)
+            if need > pool.num_free_blocks:
+                return True
+        return False
 
     def release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's slot and drafter state (a sequence aborted while its
@@ -220,6 +274,7 @@ class Engine:
             if s.grammar is not None:
                 s.grammar.commit(kept)
             self.cache.set_length(s.slot, start + 1 + n)
+            self.cache.commit_prefix(s.slot, s.token_ids)
             s.metrics.record_step(drafted, n, len(kept))
             accepted.append(n)
             outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))

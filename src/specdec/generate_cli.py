@@ -139,6 +139,17 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="with chunked prefill, the most tokens one step feeds the target, decoding rows first "
                    "(default: 2048 on a GPU, 128 on a CPU, at least --max-num-seqs)")
+    add_kv_flags(p, prefix_caching_default=True)
+
+
+def add_kv_flags(p: argparse.ArgumentParser, prefix_caching_default: bool) -> None:
+    """``--kv-cache-memory`` and ``--enable-prefix-caching`` (vLLM's names; see docs/serving.md)."""
+    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="memory of the target's paged KV pool, e.g. 4GiB or 512MiB (default: room for "
+                   "--max-num-seqs sequences of --max-model-len tokens); a draft model's pool holds as many tokens")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching_default,
+                   help="reuse the KV blocks of earlier prompts' common prefixes (exact: the same outputs) "
+                   f"(default {'on' if prefix_caching_default else 'off'})")
 
 
 def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -319,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, enable_chunked_prefill=args.enable_chunked_prefill,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching)
     llm.check_params(params)
     for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
         llm.encode_prompt(prompt)

@@ -31,6 +31,7 @@ from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams, check_text
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of
@@ -115,6 +116,12 @@ class LLM:
     V1): prompts are fed in chunks beside the running sequences' steps, at most
     ``max_num_batched_tokens`` tokens per step (default: see
     :func:`specdec.scheduler.max_num_batched_tokens_of`); off, each prompt is fed whole at admission.
+    and verify forwards lazily, per shape bucket). ``kv_cache_memory``: bytes (or ``"4GiB"``) of the
+    target's paged KV pool (default: room for ``max_num_seqs`` full sequences); a draft model's pool
+    holds as many tokens. Sequences are admitted while blocks are free and the least advanced one is
+    preempted (recomputed later) when they run out. ``enable_prefix_caching``: reuse the KV blocks of
+    earlier prompts' and outputs' common prefixes (exact: outputs are the same with it or without it).
+    See ``docs/serving.md``.
     """
 
     def __init__(
@@ -131,6 +138,8 @@ class LLM:
         enforce_eager: bool = False,
         enable_chunked_prefill: bool = True,
         max_num_batched_tokens: int | None = None,
+        kv_cache_memory: int | str | None = None,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -138,6 +147,8 @@ class LLM:
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
         if not isinstance(enable_chunked_prefill, bool):
             raise SpecDecError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise SpecDecError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
@@ -152,17 +163,20 @@ class LLM:
         self.max_model_len = max_model_len or min(self.target.max_length, DEFAULT_MAX_MODEL_LEN)
         self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
+        num_blocks = kv_blocks(self.target, kv_cache_memory, self.max_model_len)
         drafter = None
         if speculative_config is not None:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
-                                  enforce_eager=enforce_eager)
+                                  enforce_eager=enforce_eager, kv_blocks=num_blocks,
+                                  prefix_caching=enable_prefix_caching)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size)
                   if speculative_config else None)
-        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy)
+        self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
+                             enable_prefix_caching)
         self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
                                                                 max_num_seqs, self.device)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens)

@@ -3,7 +3,10 @@ running ones, finishes and aborts them.
 
 Sequences join and leave between steps. When every slot is taken, new sequences wait in a
 queue in arrival order and are admitted as slots free up (the lowest free slot first, which
-keeps the running slots packed, so the pool is sliced rather than gathered).
+keeps the running slots packed) and as the KV pools' free blocks allow. When a step would need
+more blocks than are free, the least advanced sequence (fewest tokens generated, the latest
+admitted among equals) is preempted: its slot and blocks are freed and it goes back to the
+front of the queue, to be recomputed from its tokens when it is admitted again.
 
 Chunked prefill (``max_num_batched_tokens`` set, as vLLM's V1 scheduler does by default): an
 admitted sequence's prompt is fed over as many steps as its length needs, beside the decoding
@@ -77,6 +80,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._free = list(range(num_slots))
         self._last_drafted = 0  # drafts the last decoding step fed the target
+        self._admitted = 0
+        self._order: dict[str, int] = {}  # request id -> admission count, for preemption order
+        self.num_preemptions = 0
 
     @property
     def has_work(self) -> bool:
@@ -107,14 +113,23 @@ class Scheduler:
         return False
 
     def step(self) -> list[StepOutput]:
-        """Admit what fits, feed prompts (within the step's token budget when chunked), run one engine
-        step over every running sequence, retire the finished ones; returns the step's output of each
-        sequence that ran (none when idle)."""
-        while self.waiting and self._free:
+        """Admit what fits (slots and KV blocks), preempt what no longer fits, feed prompts (within the
+        step's token budget when chunked), run one engine step over every running sequence, retire the
+        finished ones; returns the step's output of each sequence that ran (none when idle)."""
+        holding = [*self.running, *self.prefilling]
+        admitted: list[Sequence] = []
+        while self.waiting and self._free and not self.engine.blocks_short(holding, [*admitted, self.waiting[0]]):
             seq = self.waiting.popleft()
             self._free.sort()
             seq.slot = self._free.pop(0)
-            self.prefilling.append(seq)
+            self._admitted += 1
+            self._order[seq.request_id] = self._admitted
+            admitted.append(seq)
+        if not holding and not admitted and self.waiting and self._free:
+            raise SpecDecError(f"the KV cache cannot hold request {self.waiting[0].request_id!r} "
+                               f"({len(self.waiting[0].token_ids)} tokens) even alone; raise --kv-cache-memory")
+        self.prefilling.extend(admitted)
+        self._preempt()
         if self.prefilling:
             started = self.engine.prefill(self.prefilling, self._chunks())
             if started:
@@ -132,7 +147,7 @@ class Scheduler:
         return outputs
 
     def _chunks(self) -> list[int] | None:
-        """Prompt tokens each sequence in ``prefilling`` gets this step (None: all it has left)."""
+        """Context tokens each sequence in ``prefilling`` gets this step (None: all it has left)."""
         if self.max_num_batched_tokens is None:
             return None
         decoding = len(self.running) + (self._last_drafted if self.running else 0)
@@ -140,12 +155,26 @@ class Scheduler:
         lengths = self.engine.cache.lengths
         chunks = []
         for seq in self.prefilling:
-            left = len(seq.prompt_ids) - 1 - (lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
+            left = len(seq.token_ids) - 1 - (lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
             chunks.append(min(left, budget))
             budget -= chunks[-1]
         return chunks
 
+    def _preempt(self) -> None:
+        """Preempt sequences holding a slot, least advanced first, until one more step of every one of them
+        (and the rest of the prompts being fed) fits every pool."""
+        while len(self.running) + len(self.prefilling) > 1 and self.engine.blocks_short(
+                [*self.running, *self.prefilling]):
+            victim = min([*self.running, *self.prefilling],
+                         key=lambda s: (s.num_generated, -self._order.get(s.request_id, 0)))
+            group = self.running if any(s is victim for s in self.running) else self.prefilling
+            group[:] = [s for s in group if s is not victim]
+            self._finish(victim)
+            self.waiting.appendleft(victim)
+            self.num_preemptions += 1
+
     def _finish(self, seq: Sequence) -> None:
         self.engine.release(seq)
         self._free.append(seq.slot)
+        self._order.pop(seq.request_id, None)
         seq.slot = -1

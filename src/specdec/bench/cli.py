@@ -18,6 +18,7 @@ from specdec.bench.prepare import load_bench, resolve_source, split_names
 from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
 from specdec.errors import SpecDecError
+from specdec.generate_cli import add_kv_flags
 from specdec.inflate.pair import CACHE_ENV
 from specdec.jsonl import json_object
 from specdec.shapes import TARGET_SHAPES
@@ -208,6 +209,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--enforce-eager", action="store_true",
                      help="specdec without CUDA graphs on a GPU (the CPU path is always eager)")
+    add_kv_flags(run, prefix_caching_default=False)  # off: repeated prompts would time cache hits
     run.add_argument("--max-tokens", type=int, default=128, help="tokens generated per turn by every method")
     run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, checked against plain decoding")
     run.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED", help="each question runs once per seed")

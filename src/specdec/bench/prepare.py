@@ -230,6 +230,8 @@ def load_bench(
         max_num_seqs=max(settings.batch_sizes),
         max_model_len=_max_model_len(source, args, target, ks),
         enforce_eager=args.enforce_eager,
+        kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     runners = build_runners(specs, target, draft, options)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm

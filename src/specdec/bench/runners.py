@@ -181,8 +181,10 @@ class RunnerOptions:
     comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_lm.resolve_draft_dtype`, unless
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
-    ``enforce_eager`` turns their CUDA graphs off. ``num_candidates`` goes to the methods that
-    propose trees (``Drafter.tree_drafts``); chain methods run as chains.
+    ``enforce_eager`` turns their CUDA graphs off; ``kv_cache_memory`` and ``enable_prefix_caching``
+    size their KV pools and turn prefix caching on (off by default here: a benchmark repeats prompts).
+    ``num_candidates`` goes to the methods that propose trees (``Drafter.tree_drafts``); chain methods
+    run as chains.
     """
 
     tokenizer: str | None = None
@@ -195,6 +197,8 @@ class RunnerOptions:
     max_num_seqs: int = 1
     max_model_len: int | None = None
     enforce_eager: bool = False
+    kv_cache_memory: int | str | None = None
+    enable_prefix_caching: bool = False
 
 
 def _peer_runner(
@@ -244,7 +248,8 @@ def build_runners(
         return LLM(
             target, options.tokenizer, config, dtype, device, backend=options.backend,
             max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
-            enforce_eager=options.enforce_eager,
+            enforce_eager=options.enforce_eager, kv_cache_memory=options.kv_cache_memory,
+            enable_prefix_caching=options.enable_prefix_caching,
         )
 
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:

@@ -323,6 +323,9 @@ class AutoDrafter(Drafter):
                 self.bandit.update(s.request_id, other, common_prefix(draft, emitted) + 1,
                                    times[f"shadow{other}"] / self.shadow_sizes[other] + target)
 
+    def kv_pools(self) -> list:
+        return [pool for c in self.candidates for pool in c.kv_pools()]
+
     def release(self, seq: Sequence) -> None:
         self.bandit.release(seq.request_id)
         self.pending.pop(seq.request_id, None)

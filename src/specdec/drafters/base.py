@@ -220,8 +220,9 @@ class DraftBatch:
 class LoadOptions:
     """What a drafter needs to build its state: the target's device and backend, the
     target's tokenizer (None when the target has none, used to check that they agree), the
-    engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens) and whether CUDA
-    graphs are off (``enforce_eager``)."""
+    engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens, in ``kv_blocks`` blocks,
+    None: enough for every slot to be full), whether pools cache prefixes (``prefix_caching``) and
+    whether CUDA graphs are off (``enforce_eager``)."""
 
     device: torch.device
     backend: str
@@ -229,6 +230,8 @@ class LoadOptions:
     max_model_len: int
     target_tokenizer: Any = None
     enforce_eager: bool = False
+    kv_blocks: int | None = None
+    prefix_caching: bool = False
 
 
 class Drafter(ABC):
@@ -309,6 +312,11 @@ class Drafter(ABC):
 
     def release(self, seq: Sequence) -> None:  # noqa: B027 - stateless drafters keep nothing
         """Forget a finished or aborted sequence."""
+
+    def kv_pools(self) -> list[KVCache]:
+        """The drafter's own KV pools, slot for slot the target's: the scheduler keeps each step's growth
+        of every one of them within its free blocks (a drafter with no model keeps none)."""
+        return []
 
     def bind_target_cache(self, cache: KVCache) -> None:  # noqa: B027 - most drafters keep their own state
         """The target's KV pool, given once by the engine to a drafter that runs the target's own layers."""

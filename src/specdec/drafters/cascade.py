@@ -198,6 +198,9 @@ class CascadeDrafter(Drafter):
         self.mid.observe(seqs, num_accepted)
         self.small.observe(seqs, num_accepted)
 
+    def kv_pools(self) -> list:
+        return [*self.small.kv_pools(), *self.mid.kv_pools()]
+
     def release(self, seq: Sequence) -> None:
         self.mid.release(seq)
         self.small.release(seq)

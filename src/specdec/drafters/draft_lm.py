@@ -32,16 +32,21 @@ def resolve_draft_dtype(requested: str | torch.dtype | None, target_dtype: torch
 
 class DraftLM(Drafter):
     """A draft causal LM with its own pool of ``num_slots`` slots, slot for slot the target's, each of
-    ``capacity`` tokens (the smaller of ``max_model_len`` and the draft's context). Not registered: the
-    ``draft_model`` method builds its subclasses."""
+    ``capacity`` tokens (the smaller of ``max_model_len`` and the draft's context), in ``num_blocks``
+    blocks (None: every slot can be full), caching prefixes with ``prefix_caching``. Not registered:
+    the ``draft_model`` method builds its subclasses."""
 
     method = "draft_model"
     needs_model = True
 
-    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int) -> None:
+    def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, num_blocks: int | None = None,
+                 prefix_caching: bool = False) -> None:
         self.model = model
         self.capacity = min(max_model_len, model.max_length)
-        self.cache = model.new_cache(num_slots, self.capacity)
+        self.cache = model.new_cache(num_slots, self.capacity, num_blocks, prefix_caching)
+
+    def kv_pools(self) -> list:
+        return [self.cache]
 
     @staticmethod
     def load_model(config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> CausalLM:

@@ -52,8 +52,8 @@ class DraftModelDrafter(DraftLM):
     draft_vocab = True
 
     def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None,
-                 vocab: DraftVocab | None = None) -> None:
-        super().__init__(model, num_slots, max_model_len)
+                 vocab: DraftVocab | None = None, num_blocks: int | None = None, prefix_caching: bool = False) -> None:
+        super().__init__(model, num_slots, max_model_len, num_blocks, prefix_caching)
         self.threshold = threshold
         self.vocab = vocab
 
@@ -80,7 +80,7 @@ class DraftModelDrafter(DraftLM):
                 f"{target.name!r} has {target.vocab_size}{why}; the draft and the target must share a vocabulary"
             )
         return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold,
-                   cls._vocab(config, model))
+                   cls._vocab(config, model), options.kv_blocks, options.prefix_caching)
 
     @staticmethod
     def _vocab(config: SpeculativeConfig, model: CausalLM) -> DraftVocab | None:
@@ -100,12 +100,15 @@ class DraftModelDrafter(DraftLM):
         return DraftVocab.load(folder, size, model.lm_head)
 
     def add(self, seqs: list[Sequence]) -> None:
-        """Prefill the prompts but their pending token (prompts longer than the draft's context are
-        left for ``propose`` to skip)."""
+        """Prefill the prompts but their pending token, past the blocks the prefix cache holds (prompts
+        longer than the draft's context are left for ``propose`` to skip)."""
         rows = [s for s in seqs if 1 < len(s.prompt_ids) <= self.capacity]
         for s in seqs:
             self.cache.release(s.slot)
-        for batch in prefill_batches([s.prompt_ids[:-1] for s in rows], [s.slot for s in rows], self.model.device):
+        cached = [self.cache.match_prefix(s.slot, s.prompt_ids) for s in rows]
+        fed = [(s.prompt_ids[c:-1], c, s.slot) for s, c in zip(rows, cached) if c < len(s.prompt_ids) - 1]
+        for batch in prefill_batches([f[0] for f in fed], [f[2] for f in fed], self.model.device,
+                                     starts=[f[1] for f in fed]):
             self.model.forward(batch, self.cache)
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
@@ -179,3 +182,4 @@ class DraftModelDrafter(DraftLM):
         for s in seqs:
             slot = s.slot
             self.cache.set_length(slot, min(self.cache.lengths[slot], len(s.token_ids) - 1))
+            self.cache.commit_prefix(slot, s.token_ids)

@@ -241,7 +241,7 @@ class LayerSkipDrafter(Drafter):
                 probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
             feed = draw_column(logits, rows, probs, index, i, tokens)
         for slot, start in zip(slots, starts):
-            cache.set_length(slot, start)
+            cache.rewind(slot, start)  # the draft's entries of the reused layers stay in their blocks
         remaining = self.remaining if hidden is not None else None
         return DraftBatch(tokens, ks, probs, hidden, remaining)
 

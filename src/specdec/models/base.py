@@ -163,16 +163,20 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_pool_fits(num_bytes: int, num_slots: int, capacity: int, device: torch.device, owner: str) -> None:
-    """Raise :class:`SpecDecError` before allocating a KV pool of ``num_bytes`` (``num_slots`` slots of
-    ``capacity`` tokens, for model ``owner``) that does not fit :data:`POOL_MEMORY_FRACTION` of the
-    memory available on ``device``; the message names the knobs that shrink it."""
+def check_pool_fits(num_bytes: int, num_slots: int, capacity: int, device: torch.device, owner: str,
+                    tokens: int | None = None) -> None:
+    """Raise :class:`SpecDecError` before allocating a KV pool of ``num_bytes`` (``tokens`` tokens in all,
+    by default ``num_slots`` slots of ``capacity`` tokens, for model ``owner``) that does not fit
+    :data:`POOL_MEMORY_FRACTION` of the memory available on ``device``; the message names the knobs
+    that shrink it."""
     available = available_memory(device)
     if num_bytes > POOL_MEMORY_FRACTION * available:
+        size = f"{num_slots} slots x {capacity} tokens" if tokens is None else f"{tokens} tokens"
         raise SpecDecError(
-            f"the KV cache of {owner!r} needs {num_bytes / GIB:.2f} GiB ({num_slots} slots x {capacity} tokens) but "
+            f"the KV cache of {owner!r} needs {num_bytes / GIB:.2f} GiB ({size}) but "
             f"{available / GIB:.2f} GiB of {device.type} memory is available; lower max_model_len (tokens per "
-            f"sequence) or max_num_seqs (sequences at once), e.g. --max-model-len / --max-num-seqs"
+            f"sequence) or max_num_seqs (sequences at once), e.g. --max-model-len / --max-num-seqs, or set "
+            f"--kv-cache-memory"
         )
 
 
@@ -209,6 +213,51 @@ class KVCache(ABC):
         """Forget slot ``slot`` (its sequence finished or was aborted)."""
         self.set_length(slot, 0)
 
+    def rewind(self, slot: int, length: int) -> None:
+        """:meth:`set_length` that keeps the storage past ``length`` where it is (a paged pool keeps its
+        blocks): a drafter that wrote entries the next forward reuses in place (layer skip's first layers)."""
+        self.set_length(slot, length)
+
+    # Block accounting for admission and preemption. A pool that is not paged (the fallback
+    # backend's) holds any sequence that has a slot: it needs no blocks and never runs out.
+    block_size: int = field(default=1, init=False)
+    num_blocks: int = field(default=0, init=False)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a sequence can still take."""
+        return 0
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether :meth:`match_prefix` can find anything (prefix caching is on)."""
+        return False
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by some slot."""
+        return 0
+
+    def blocks_needed(self, slot: int, length: int) -> int:
+        """Blocks slot ``slot`` must still take to hold ``length`` tokens."""
+        return 0
+
+    def blocks_for(self, length: int) -> int:
+        """Blocks that hold ``length`` tokens."""
+        return 0
+
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """Context tokens looked up in the prefix cache so far, and of them the tokens found cached."""
+        return 0, 0
+
+    def match_prefix(self, slot: int, tokens: Sequence[int]) -> int:
+        """Share cached blocks of ``tokens[:-1]``'s prefix into empty slot ``slot``; returns the tokens now
+        cached (0 without prefix caching)."""
+        return 0
+
+    def commit_prefix(self, slot: int, tokens: Sequence[int]) -> None:  # noqa: B027 - nothing to register
+        """Make slot ``slot``'s full blocks of committed ``tokens`` findable by :meth:`match_prefix`."""
+
     def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
         """Copy cached entries within slots, every layer: entry ``sources[i]`` of slot ``slots[i]`` to
         index ``targets[i]`` (all read before any is written; lengths unchanged). After a tree step
@@ -240,8 +289,15 @@ class CausalLM(ABC):
     backend_reason: str | None = None
 
     @abstractmethod
-    def new_cache(self, num_slots: int, capacity: int) -> KVCache:
-        """Allocate the KV pool once: ``num_slots`` slots of ``capacity`` tokens."""
+    def new_cache(self, num_slots: int, capacity: int, num_blocks: int | None = None,
+                  prefix_caching: bool = False) -> KVCache:
+        """Allocate the KV pool once: ``num_slots`` slots of ``capacity`` tokens each, in ``num_blocks``
+        blocks in all (None: enough for every slot to be full) where the backend pages its pool, with
+        prefix caching where it supports it (a backend that does not ignores both)."""
+
+    def kv_bytes_per_token(self) -> int | None:
+        """Bytes one token's keys and values take in the pool (every layer), or None when unknown."""
+        return None
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, cache: KVCache) -> ForwardOutput:

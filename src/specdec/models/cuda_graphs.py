@@ -3,8 +3,9 @@
 A graph is captured lazily, once per shape ``(R, T, K)``: ``R`` rows (a power of two, at most
 the pool's slots), ``T`` tokens per row (a power of two up to :data:`MAX_GRAPH_WIDTH`) and ``K``
 attended cache entries (:meth:`FastLlamaLM.key_bucket`). Rows are slot-dense: row ``r`` is slot
-``r``, so the pool is sliced, never gathered, and a slot with no sequence in the batch is a
-dummy row that writes only to its scratch column. Inputs go through static buffers that every
+``r``, its block table row ``r`` of a static table buffer, through which the graph computes where
+each cell writes and what each row reads (a gather); a slot with no sequence in the batch is a
+dummy row that writes only to the pool's scratch row. Inputs go through static buffers that every
 graph of the pool shares; all graphs of a pool share one memory pool (they never run at
 once, and each output is consumed before the next replay).
 
@@ -34,14 +35,14 @@ def _pow2(n: int) -> int:
 
 @dataclass
 class GraphSet:
-    """The captured graphs of one :class:`~specdec.models.kv_pool.StaticKVPool` and their
+    """The captured graphs of one :class:`~specdec.models.kv_pool.PagedKVPool` and their
     static input buffers (``[max_rows * MAX_GRAPH_WIDTH]`` each; ``starts`` and ``real``, 1 for
-    a row that holds a sequence of the batch, ``[max_rows]``)."""
+    a row that holds a sequence of the batch, ``[max_rows]``; ``table`` ``[max_rows, blocks per slot]``)."""
 
     max_rows: int
     ids: torch.Tensor
     positions: torch.Tensor
-    write_slot: torch.Tensor
+    table: torch.Tensor
     write_index: torch.Tensor
     starts: torch.Tensor
     real: torch.Tensor
@@ -49,13 +50,15 @@ class GraphSet:
     graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def allocate(cls, num_slots: int, device: torch.device) -> GraphSet:
+    def allocate(cls, cache, device: torch.device) -> GraphSet:
+        num_slots = cache.num_slots
         cells = num_slots * MAX_GRAPH_WIDTH
 
         def buffer(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.long, device=device)
 
-        return cls(num_slots, buffer(cells), buffer(cells), buffer(cells), buffer(cells), buffer(num_slots),
+        table = torch.zeros(num_slots, cache.blocks_for(cache.capacity), dtype=torch.long, device=device)
+        return cls(num_slots, buffer(cells), buffer(cells), table, buffer(cells), buffer(num_slots),
                    buffer(num_slots))
 
 
@@ -73,12 +76,13 @@ def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int] | Non
 
 def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: list[int], cache,
           input_ids: torch.Tensor, positions: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Lay a batch out in the static buffers: row ``r`` is slot ``r``; cells of rows with no
-    sequence, and padding cells, write to their slot's scratch column. Returns each flat
-    token's cell ``[N]``."""
+    """Lay a batch out in the static buffers: row ``r`` is slot ``r`` (blocks reserved for its cells);
+    cells of rows with no sequence, and padding cells, write to the pool's scratch row (index -1).
+    Returns each flat token's cell ``[N]``."""
     n = rows * width
-    write_slot = [r for r in range(rows) for _ in range(width)]
-    write_index = [cache.capacity] * n
+    nb = graphs.table.shape[1]
+    table = [(t + [0] * (nb - len(t)))[:nb] for t in cache.tables[:rows]]
+    write_index = [-1] * n
     starts = [0] * rows
     real = [0] * rows
     cells = []
@@ -87,21 +91,24 @@ def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: lis
         starts[slot], real[slot] = start, 1
         write_index[slot * width : slot * width + count] = range(start, start + count)
         cells.extend(range(slot * width, slot * width + count))
-    host = to_device(write_slot + write_index + starts + real + cells, device)
-    graphs.write_slot[:n].copy_(host[:n])
-    graphs.write_index[:n].copy_(host[n : 2 * n])
-    graphs.starts[:rows].copy_(host[2 * n : 2 * n + rows])
-    graphs.real[:rows].copy_(host[2 * n + rows : 2 * n + 2 * rows])
-    cell_index = host[2 * n + 2 * rows :]
+    flat_table = [b for t in table for b in t]
+    host = to_device(flat_table + write_index + starts + real + cells, device)
+    t = len(flat_table)
+    graphs.table[:rows].copy_(host[:t].view(rows, nb))
+    graphs.write_index[:n].copy_(host[t : t + n])
+    graphs.starts[:rows].copy_(host[t + n : t + n + rows])
+    graphs.real[:rows].copy_(host[t + n + rows : t + n + 2 * rows])
+    cell_index = host[t + n + 2 * rows :]
     graphs.ids[:n].zero_().index_copy_(0, cell_index, input_ids)
     graphs.positions[:n].zero_().index_copy_(0, cell_index, positions)
     return cell_index
 
 
-def _grid(graphs: GraphSet, rows: int, width: int, key_len: int) -> Grid:
+def _grid(graphs: GraphSet, rows: int, width: int, key_len: int, block_size: int) -> Grid:
     n = rows * width
+    nb = -(-key_len // block_size)
     return Grid(rows, width, key_len, graphs.ids[:n], graphs.positions[:n].view(rows, width),
-                graphs.write_slot[:n], graphs.write_index[:n], graphs.starts[:rows], None, 0)
+                graphs.write_index[:n], graphs.starts[:rows], graphs.table[:rows, :nb])
 
 
 def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -135,7 +142,7 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tu
                      model.device)
 
     cell_index = fill()
-    grid = _grid(graphs, rows, width, key_len)
+    grid = _grid(graphs, rows, width, key_len, cache.block_size)
 
     def body() -> torch.Tensor:
         return model.head(model.compute(grid, cache, capturable=True)[0])
@@ -158,7 +165,7 @@ def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, st
         return _fill(graphs, rows, 1, slots, [1] * len(slots), cache, tokens, start_positions, model.device)
 
     def body() -> torch.Tensor:
-        grid = _grid(graphs, rows, 1, key_len)
+        grid = _grid(graphs, rows, 1, key_len, cache.block_size)
         real = graphs.real[:rows]
         out = []
         for _ in range(steps):

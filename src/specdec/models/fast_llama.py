@@ -4,8 +4,8 @@ Gemma 2/3, Qwen3-MoE, Mixtral).
 It reads the weights of a loaded transformers model through the family's weight map (no forked
 modeling file, no copy of the weights beyond fusing split q/k/v and gate/up projections) and runs
 the same arithmetic as transformers' eager forward (:mod:`.layers`) with far fewer Python calls per
-layer, over a preallocated :class:`~.kv_pool.StaticKVPool`: rollback only moves a slot's length, as
-in gpt-fast.
+layer, over a preallocated :class:`~.kv_pool.PagedKVPool`: rollback moves a slot's length (and frees
+the blocks past it).
 
 The ragged batch of :class:`~specdec.models.base.ForwardBatch` is laid out as a padded
 ``[R, T]`` :class:`~.grid.Grid` (``T`` the longest row) for the matrix work. On CUDA, chain forwards
@@ -31,9 +31,9 @@ from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_poo
 from specdec.models.cpu_linear import pack
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
-from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, tree_mask, wide_bucket
+from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, storage_rows, tree_mask, wide_bucket
 from specdec.models.hf import context_window
-from specdec.models.kv_pool import StaticKVPool
+from specdec.models.kv_pool import BLOCK_SIZE, PagedKVPool
 from specdec.models.layers import (
     attend,
     attention_inputs,
@@ -43,6 +43,7 @@ from specdec.models.layers import (
     rms_norm,
     routed_experts,
 )
+from specdec.models.prefix_cache import PrefixCache
 
 __all__ = ["FastLlamaLM", "unsupported_reason"]
 
@@ -196,16 +197,24 @@ class FastLlamaLM(CausalLM):
                 half = cos.shape[-1] // 2
                 self.rope[kind] = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
 
-    def new_cache(self, num_slots: int, capacity: int) -> StaticKVPool:
-        # One scratch column past ``capacity`` takes the writes of padding cells.
-        shape = (num_slots, self.num_kv_heads, capacity + 1, self.head_dim)
+    def kv_bytes_per_token(self) -> int:
+        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def new_cache(self, num_slots: int, capacity: int, num_blocks: int | None = None,
+                  prefix_caching: bool = False) -> PagedKVPool:
+        size, tokens = BLOCK_SIZE, None if num_blocks is None else num_blocks * BLOCK_SIZE
+        if num_blocks is None:
+            num_blocks = num_slots * -(-capacity // size)
+        # One scratch row past the blocks takes the writes of padding cells.
+        shape = (num_blocks * size + 1, self.num_kv_heads, self.head_dim)
         check_pool_fits(2 * len(self.layers) * math.prod(shape) * self.dtype.itemsize, num_slots, capacity,
-                        self.device, self.name)
+                        self.device, self.name, tokens)
 
         def zeros() -> list[torch.Tensor]:
             return [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
 
-        return StaticKVPool(num_slots, capacity, keys=zeros(), values=zeros())
+        return PagedKVPool(num_slots, capacity, size, num_blocks, keys=zeros(), values=zeros(),
+                           prefix=PrefixCache() if prefix_caching else None)
 
     def key_bucket(self, needed: int, capacity: int, wide: bool = False) -> int:
         """Attended cache length. On CUDA a power of two >= 256, so that a few shapes (and captured
@@ -216,7 +225,7 @@ class FastLlamaLM(CausalLM):
             return min(capacity, max(256, 1 << (needed - 1).bit_length()))
         return min(capacity, wide_bucket(needed)) if wide else needed
 
-    def grid(self, batch: ForwardBatch, cache: StaticKVPool) -> tuple[Grid, torch.Tensor | None]:
+    def grid(self, batch: ForwardBatch, cache: PagedKVPool) -> tuple[Grid, torch.Tensor | None]:
         """Lay a ragged batch out as a :class:`Grid` (rows = the batch's rows); also returns the
         grid cell of every flat token, ``[N]`` (None when they coincide: a single chain row)."""
         device, counts, slots = self.device, batch.num_tokens, batch.slots
@@ -225,81 +234,84 @@ class FastLlamaLM(CausalLM):
         chain = batch.tree_mask is None
         wide = chain and width > WIDE_TOKENS and self.device.type == "cpu"
         if rows == 1 and chain and not wide and not self.use_cuda_graphs:
-            return self._single_row_grid(batch, starts[0], cache)
-        if wide:  # padded to one of a few widths (padding cells write to the scratch column)
+            g = self._single_row_grid(batch, starts[0], cache)
+            if g is not None:
+                return g, None
+        if wide:  # padded to one of a few widths (padding cells write to the scratch row)
             width = wide_bucket(width)
         cells = [b * width + t for b, c in enumerate(counts) for t in range(c)]
-        write_slot = [s for s in slots for _ in range(width)]
-        write_index = [start + t if t < c else cache.capacity
-                       for start, c in zip(starts, counts) for t in range(width)]
-        host = to_device(write_slot + write_index + cells + starts + list(slots), device)  # one copy
-        n, cells_at = len(cells), 2 * rows * width
+        write_index = [start + t if t < c else -1 for start, c in zip(starts, counts) for t in range(width)]
+        needed = max(s + c for s, c in zip(starts, counts))
+        key_len = self.key_bucket(needed, cache.capacity, wide)
+        nb = cache.blocks_for(key_len)
+        table = [(t[:nb] + [0] * (nb - len(t)))[:nb] for t in (cache.tables[s] for s in slots)]
+        host = to_device(write_index + cells + starts + [b for t in table for b in t], device)  # one copy
+        n, cells_at = len(cells), rows * width
         cell_index = host[cells_at : cells_at + n]
-        starts_t, slots_t = host[cells_at + n : cells_at + n + rows], host[cells_at + n + rows :]
+        starts_t, table_t = host[cells_at + n : cells_at + n + rows], host[cells_at + n + rows :].view(rows, nb)
         dense = n == rows * width
         ids, positions = batch.input_ids, batch.positions
         if not dense:
             ids = ids.new_zeros(rows * width).index_copy_(0, cell_index, ids)
             positions = positions.new_zeros(rows * width).index_copy_(0, cell_index, positions)
-        needed = max(s + c for s, c in zip(starts, counts))
         single = rows == 1 and width == 1 and batch.tree_mask is None
-        key_len = self.key_bucket(needed, cache.capacity, wide)
-        first = slots[0]
-        g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[: rows * width],
-                 host[rows * width : cells_at], starts_t, slots_t,
-                 first if list(slots) == list(range(first, first + rows)) else None,
-                 needs_mask=not (single and key_len == needed),
-                 write_range=None)
+        g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[:cells_at], starts_t, table_t,
+                 needs_mask=not (single and key_len == needed))
         if batch.tree_mask is not None:
             g.mask, g.key_positions = tree_mask(batch.tree_mask, cell_index, g)
         return g, cell_index
 
-    def _single_row_grid(self, batch: ForwardBatch, start: int, cache: StaticKVPool) -> tuple[Grid, None]:
-        """The one-row chain case of :meth:`grid` (every batch-1 step) without index tensors: writes
-        and reads are slices, and the cells are the flat tokens themselves (``cell_index`` None)."""
+    def _single_row_grid(self, batch: ForwardBatch, start: int, cache: PagedKVPool) -> Grid | None:
+        """The one-row chain case of :meth:`grid` (every batch-1 step) without index tensors when the
+        slot's blocks are consecutive (else None): writes and reads are slices, and the cells are the
+        flat tokens themselves (``cell_index`` None)."""
         width, slot = batch.num_tokens[0], batch.slots[0]
         needed = start + width
         key_len = self.key_bucket(needed, cache.capacity)
-        g = Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, None, None, slot,
-                 needs_mask=not (width == 1 and key_len == needed), write_range=(slot, start))
-        return g, None
+        row = cache.consecutive_rows(slot, key_len)
+        if row is None:
+            return None
+        return Grid(1, width, key_len, batch.input_ids, batch.positions.view(1, width), None, None, None,
+                    needs_mask=not (width == 1 and key_len == needed), write_range=(row, start))
 
     @staticmethod
-    def _cache_access(g: Grid, cache: StaticKVPool) -> tuple[Callable, Callable]:
+    def _cache_access(g: Grid, cache: PagedKVPool, capturable: bool) -> tuple[Callable, Callable]:
         """``write(pool, new)`` of new keys or values ``[R, kv_heads, T, head_dim]`` into their cells,
         and ``read(pool, which)``: the attended cache of the grid's rows, ``[R, kv_heads, K, head_dim]``
-        (``which``: 0 for keys, 1 for values, whose gathered copies must not share a buffer).
-        Chosen once per forward: slices where the layout allows (cheapest on a CPU), else indices
-        (on a CPU into :meth:`StaticKVPool.gather_buffers`)."""
+        (a view of token-major rows; ``which``: 0 for keys, 1 for values, whose gathered copies must
+        not share a buffer). Chosen once per forward: slices where one row's blocks are consecutive
+        (cheapest on a CPU), else through the block table (on a CPU into
+        :meth:`PagedKVPool.gather_buffers`)."""
         rows, width, key_len = g.rows, g.width, g.key_len
         if g.write_range is not None:
-            slot, start = g.write_range
+            first, start = g.write_range
 
             def write(pool: torch.Tensor, new: torch.Tensor) -> None:
-                pool[slot : slot + 1, :, start : start + width] = new
-        else:
-
-            def write(pool: torch.Tensor, new: torch.Tensor) -> None:
-                pool[g.write_slot, :, g.write_index] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])
-
-        if g.first_slot is not None:
-            first = g.first_slot
+                pool[first + start : first + start + width] = new[0].transpose(0, 1)
 
             def read(pool: torch.Tensor, which: int) -> torch.Tensor:
-                return pool[first : first + rows, :, :key_len]
-        elif cache.keys[0].device.type == "cpu":
+                return pool[first : first + key_len].transpose(0, 1)[None]
+
+            return write, read
+        write_rows, read_rows = storage_rows(g, cache.block_size, cache.scratch_row)
+
+        def write(pool: torch.Tensor, new: torch.Tensor) -> None:
+            pool[write_rows] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])
+
+        if cache.keys[0].device.type == "cpu" and not capturable:
             buffers = cache.gather_buffers(rows, key_len)
 
-            def read(pool: torch.Tensor, which: int) -> torch.Tensor:  # only the attended columns are copied
-                return torch.index_select(pool[:, :, :key_len], 0, g.slots, out=buffers[which])
+            def read(pool: torch.Tensor, which: int) -> torch.Tensor:
+                out = torch.index_select(pool, 0, read_rows, out=buffers[which])
+                return out.view(rows, key_len, *pool.shape[1:]).transpose(1, 2)
         else:  # CUDA's caching allocator reuses the copies' memory (and graphs capture it)
 
             def read(pool: torch.Tensor, which: int) -> torch.Tensor:
-                return pool[:, :, :key_len].index_select(0, g.slots)
+                return pool.index_select(0, read_rows).view(rows, key_len, *pool.shape[1:]).transpose(1, 2)
 
         return write, read
 
-    def compute(self, g: Grid, cache: StaticKVPool, hidden_wanted: frozenset[int] = frozenset(),
+    def compute(self, g: Grid, cache: PagedKVPool, hidden_wanted: frozenset[int] = frozenset(),
                 layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None, capturable: bool = False
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The layers over a grid: writes keys and values, returns the last layer's output
@@ -326,7 +338,7 @@ class FastLlamaLM(CausalLM):
             if self.embed_scale is not None:
                 x = x * self.embed_scale
         hidden = {0: x} if 0 in hidden_wanted else {}
-        write, read = self._cache_access(g, cache)
+        write, read = self._cache_access(g, cache, capturable)
         gqa = nkv != nh
         pair = width == 1 and self.pair_single_queries
         for i in run:
@@ -362,27 +374,30 @@ class FastLlamaLM(CausalLM):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
-    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: StaticKVPool, steps: int,
+    def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: PagedKVPool, steps: int,
                      output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         fits = all(cache.lengths[s] + steps <= cache.capacity for s in slots)
-        if self.device.type == "cpu" and fits and len(slots) == 1:
+        if fits:
+            for s in slots:
+                cache.reserve(s, cache.lengths[s] + steps)
+        if (self.device.type == "cpu" and fits and len(slots) == 1
+                and cache.consecutive_rows(slots[0], cache.lengths[slots[0]] + steps) is not None):
             return self._one_row_chain(tokens, slots[0], cache, steps, output_head, token_ids)
         if not (self.use_cuda_graphs and fits) or output_head is not None:
             return super().greedy_chain(tokens, slots, cache, steps, output_head, token_ids)
         if cache.graphs is None:
-            cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
+            cache.graphs = GraphSet.allocate(cache, self.device)
         return replay_greedy_chain(self, tokens, slots, cache, steps)
 
-    def _one_row_chain(self, token: torch.Tensor, slot: int, cache: StaticKVPool, steps: int,
+    def _one_row_chain(self, token: torch.Tensor, slot: int, cache: PagedKVPool, steps: int,
                        output_head: torch.Tensor | None, token_ids: torch.Tensor | None) -> torch.Tensor:
         """:meth:`greedy_chain` for one row without graphs (a batch-1 draft on a CPU): each step is
         the grid of :meth:`_single_row_grid` built in place, with no batch, positions tensor or
         output object, since per-call Python is most of a small draft's step there. ``[1, steps]``."""
-        start = cache.lengths[slot]
+        start, row = cache.lengths[slot], cache.consecutive_rows(slot, cache.lengths[slot] + steps)
         out = []
         for i in range(steps):
-            g = Grid(1, 1, start + i + 1, token, None, None, None, None, None, slot, needs_mask=False,
-                     write_range=(slot, start + i))
+            g = Grid(1, 1, start + i + 1, token, None, None, None, None, needs_mask=False, write_range=(row, start + i))
             token = argmax(self.head(self.compute(g, cache)[0], output_head))
             if token_ids is not None:
                 token = token_ids[token]
@@ -391,14 +406,16 @@ class FastLlamaLM(CausalLM):
         return torch.stack(out, dim=1)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: StaticKVPool) -> ForwardOutput:
+    def forward(self, batch: ForwardBatch, cache: PagedKVPool) -> ForwardOutput:
         self.check_fits(batch, cache)
+        for slot, count in zip(batch.slots, batch.num_tokens):
+            cache.reserve(slot, cache.lengths[slot] + count)
         subset = batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None or \
             batch.output_head is not None
         shape = graph_shape(self, batch, cache) if self.use_cuda_graphs and not subset else None
         if shape is not None:
             if cache.graphs is None:
-                cache.graphs = GraphSet.allocate(cache.num_slots, self.device)
+                cache.graphs = GraphSet.allocate(cache, self.device)
             logits, cell_index = replay(self, batch, cache, shape)
             for slot, count in zip(batch.slots, batch.num_tokens):
                 cache.lengths[slot] += count

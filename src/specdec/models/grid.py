@@ -1,7 +1,7 @@
 """The padded grid one fast forward computes, and the attention masks over it.
 
 A ragged :class:`~specdec.models.base.ForwardBatch` is laid out as ``[R, T]`` cells (``T`` the
-longest row) for the matrix work; padding cells are computed but write only to a scratch column of
+longest row) for the matrix work; padding cells are computed but write only to a scratch row of
 the cache and are never returned. Attention reads ``K`` cache entries of each row's slot; the mask of
 a layer says which of them each cell sees: the causal chain or the row's tree, intersected with the
 layer's sliding window (keys at positions ``p - window + 1 .. p`` for a query at position ``p``).
@@ -30,20 +30,20 @@ def wide_bucket(n: int) -> int:
 
 @dataclass
 class Grid:
-    """The padded ``[R, T]`` grid one forward computes, as device tensors.
+    """The padded ``[R, T]`` grid one forward computes, as device tensors, over a
+    :class:`~.kv_pool.PagedKVPool`.
 
-    ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_slot`` and
-    ``write_index`` ``[R*T]``: the cache cell of each grid cell (padding cells write to their
-    slot's scratch column, index ``capacity``, which is never attended), ``starts`` ``[R]``: the
-    cached length of each row before the forward (None with ``write_range``, which holds it).
-    ``key_len`` ``K``: cache entries attended to; ``mask`` ``[R, 1, T, K]`` or None (then the
-    causal chain mask is derived from ``starts``; with ``R = T = 1`` and ``K`` exact no mask is
-    needed: ``needs_mask`` False). ``key_positions`` ``[R, K]``: with a tree ``mask``, the position
-    of every attended entry (windows compare positions). ``first_slot``: rows are slots
-    ``first_slot .. first_slot+R-1`` (the pool is sliced), or None (gathered by ``slots`` ``[R]``).
-    ``write_range``: ``(slot, start)`` when one row writes all its cells to consecutive entries (a
-    plain slice assignment, cheaper on a CPU than the indexed write; ``write_slot`` and
-    ``write_index`` are then None), else None.
+    ``ids`` ``[R*T]`` (padding cells hold token 0), ``positions`` ``[R, T]``, ``write_index``
+    ``[R*T]``: the cache index (within its row's slot) each cell writes, -1 for padding cells (they
+    write to the pool's scratch row, never attended); ``starts`` ``[R]``: the cached length of each
+    row before the forward (None with ``write_range``, which holds it); ``table`` ``[R, ceil(K / B)]``:
+    the rows' block tables, through which writes and reads are addressed (None with ``write_range``).
+    ``key_len`` ``K``: cache entries attended to; ``mask`` ``[R, 1, T, K]`` or None (then the causal
+    chain mask is derived from ``starts``; with ``R = T = 1`` and ``K`` exact no mask is needed:
+    ``needs_mask`` False). ``key_positions`` ``[R, K]``: with a tree ``mask``, the position of every
+    attended entry (windows compare positions). ``write_range``: ``(row, start)`` when one row's
+    attended entries are the consecutive storage rows from ``row`` on (its blocks are consecutive):
+    cells write to ``row + start ..`` and reads are slices, cheaper on a CPU than indexing; else None.
     """
 
     rows: int
@@ -51,15 +51,25 @@ class Grid:
     key_len: int
     ids: torch.Tensor
     positions: torch.Tensor | None
-    write_slot: torch.Tensor | None
     write_index: torch.Tensor | None
     starts: torch.Tensor | None
-    slots: torch.Tensor | None
-    first_slot: int | None
+    table: torch.Tensor | None
     mask: torch.Tensor | None = None
     needs_mask: bool = True
     write_range: tuple[int, int] | None = None
     key_positions: torch.Tensor | None = field(default=None)
+
+
+def storage_rows(g: Grid, block_size: int, scratch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool storage rows a gridded forward writes, ``[R*T]`` (padding cells: ``scratch``), and reads,
+    ``[R*K]`` (row-major), from the grid's block ``table`` (device work only: capturable in a CUDA graph)."""
+    rows, width = g.rows, g.width
+    index = g.write_index.view(rows, width)
+    block = g.table.gather(1, index.clamp(min=0) // block_size)
+    write = torch.where(index >= 0, block * block_size + index % block_size, scratch).view(-1)
+    offsets = torch.arange(block_size, device=g.table.device)
+    read = (g.table[:, :, None] * block_size + offsets).view(rows, -1)[:, : g.key_len].reshape(-1)
+    return write, read
 
 
 def tree_mask(tree: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> tuple[torch.Tensor, torch.Tensor]:

@@ -175,7 +175,9 @@ class HFCausalLM(CausalLM):
             limit = STATE_SPACE_CONTEXT
         self.max_length = limit if limit is not None else context_window(self.config)
 
-    def new_cache(self, num_slots: int, capacity: int) -> DynamicCachePool:
+    def new_cache(self, num_slots: int, capacity: int, num_blocks: int | None = None,
+                  prefix_caching: bool = False) -> DynamicCachePool:
+        # transformers' caches grow per sequence: no blocks to budget, no prefix to share.
         return DynamicCachePool(num_slots, capacity, config=self.config, replay=self.replay)
 
     @torch.inference_mode()

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
+from specdec.server.kv_metrics import KVCacheCollector
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
@@ -298,6 +299,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     metrics = ServerMetrics(name)
     metrics.watch_grammars(llm.batch_metrics)
     metrics.watch_policy(llm.batch_metrics)
+    metrics.registry.register(KVCacheCollector(llm.engine.cache, llm.scheduler, name))
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)

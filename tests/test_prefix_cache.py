@@ -1,0 +1,139 @@
+"""Automatic prefix caching: a later prompt that begins with an earlier context reuses its KV blocks, and
+every output equals the output without the cache (float64 tiny models: greedy, seeded sampling, with
+speculation). Blocks are shared by reference count, evicted least recently used first, and none is
+left referenced after every request ended or was aborted."""
+
+import pytest
+from helpers import build_model
+
+from specdec import LLM, SamplingParams
+from specdec.models.kv_pool import BLOCK_SIZE
+from specdec.models.prefix_cache import PrefixCache
+
+SYSTEM = [(7 * i + 3) % 90 + 1 for i in range(45)]  # a shared "system prompt" of almost three blocks
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_model("llama", seed=101)
+
+
+def _llm(model, cache: bool, **kwargs) -> LLM:
+    return LLM(model, dtype="float64", backend="fast", max_model_len=192, max_num_seqs=4,
+               enable_prefix_caching=cache, **kwargs)
+
+
+def _run(llm: LLM, prompts: list[list[int]], params) -> list[list[int]]:
+    return [out.outputs[0].token_ids for out in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+def _chat(llm: LLM, params) -> list[list[int]]:
+    """Three turns: each prompt is the previous prompt, its answer and a new user message."""
+    prompt, answers = list(SYSTEM), []
+    for turn in range(3):
+        answer = _run(llm, [prompt], params)[0]
+        answers.append(answer)
+        prompt = prompt + answer + [11 + turn, 12, 13]
+    return answers
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+SPECS = [None, {"method": "draft_model", "model": "truncated", "num_speculative_tokens": 3},
+         {"method": "ngram", "num_speculative_tokens": 3}]
+
+
+def _spec(spec, model_dirs):
+    if spec is not None and spec.get("model") == "truncated":
+        return {**spec, "model": str(model_dirs["llama"]["truncated"])}
+    return spec
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_chat_turns_reuse_the_history_and_keep_greedy_outputs(target, model_dirs, spec):
+    spec = _spec(spec, model_dirs)
+    without = _chat(_llm(target, False, speculative_config=spec), GREEDY)
+    llm = _llm(target, True, speculative_config=spec)
+    assert _chat(llm, GREEDY) == without
+    prefix = llm.engine.cache.prefix
+    # turns 2 and 3 find the previous turns' prompt and answer blocks
+    assert prefix.hits >= 2 * (len(SYSTEM) // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE
+    assert all(p.num_used_blocks == 0 for p in llm.engine.kv_pools())
+
+
+def test_seeded_sampling_with_speculation_is_unchanged(target, model_dirs):
+    spec = {"method": "draft_model", "model": str(model_dirs["llama"]["random"]), "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.8, top_k=40, max_tokens=30, seed=5, ignore_eos=True)
+    without = _chat(_llm(target, False, speculative_config=spec), params)
+    llm = _llm(target, True, speculative_config=spec)
+    assert _chat(llm, params) == without
+    assert llm.engine.cache.prefix.hits > 0
+    assert llm.engine.drafter.cache.prefix.hits > 0  # the draft model's own pool caches prefixes too
+
+
+def test_a_shared_system_prompt_and_repeated_prompts_in_one_batch(target):
+    """Prompts admitted together that share their first blocks (a system prompt; n > 1 as repeated
+    prompts) are prefilled in turns, so the later ones reuse the first one's blocks."""
+    prompts = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], SYSTEM + [1, 2, 3], SYSTEM + [1, 2, 3]]
+    params = [SamplingParams(temperature=0.7, max_tokens=20, seed=i, ignore_eos=True) for i in range(4)]
+    without = _run(_llm(target, False), prompts, params)
+    llm = _llm(target, True)
+    assert _run(llm, prompts, params) == without
+    assert llm.engine.cache.prefix.hits >= 3 * (len(SYSTEM) // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def test_eviction_under_a_small_pool_stays_exact(target):
+    """A pool of 24 blocks serving many different prompts evicts cached blocks (least recently used first)
+    to make room, and outputs stay the same."""
+    prompts = [[(i * 13 + j * 7) % 90 + 1 for j in range(40 + i)] for i in range(10)]
+    prompts += prompts[:3]  # asked again after others may have evicted their blocks
+    config = target.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    budget = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 8 * 24 * BLOCK_SIZE
+    without = _run(_llm(target, False), prompts, GREEDY)
+    llm = _llm(target, True, kv_cache_memory=budget)
+    assert _run(llm, prompts, GREEDY) == without
+    pool = llm.engine.cache
+    assert pool.num_blocks == 24 and pool.num_used_blocks == 0
+    assert len(pool.prefix.evictable) <= 24
+
+
+def test_aborted_requests_leave_no_block_referenced(target, model_dirs):
+    spec = {"method": "draft_model", "model": str(model_dirs["llama"]["truncated"]), "num_speculative_tokens": 3}
+    llm = _llm(target, True, speculative_config=spec)
+    handles = [llm.submit({"prompt_token_ids": SYSTEM + [i]}, SamplingParams(temperature=0.0, max_tokens=40))
+               for i in range(6)]
+    for _ in range(3):
+        llm.step()
+    for h in handles[::2]:
+        llm.abort(h.seq.request_id)
+    while llm.scheduler.has_work:
+        llm.step()
+    for h in handles[1::2]:
+        llm.abort(h.seq.request_id)
+    assert all(p.num_used_blocks == 0 for p in llm.engine.kv_pools())
+    reference = _run(_llm(target, False), [SYSTEM + [9]], GREEDY)
+    assert _run(llm, [SYSTEM + [9]], GREEDY) == reference
+
+
+def test_keys_include_the_prefix():
+    """The same tokens after a different prefix are another block."""
+    cache = PrefixCache()
+    a = cache.register(0, 0, [1, 2])
+    b = cache.register(1, a, [3, 4])
+    assert cache.lookup(0, [1, 2]) == (0, a) and cache.lookup(a, [3, 4]) == (1, b)
+    assert cache.lookup(0, [3, 4]) is None and cache.lookup(b, [3, 4]) is None
+    assert cache.register(5, 0, [1, 2]) == a and not cache.is_registered(5)  # same content: the first stays
+
+
+def test_only_full_blocks_of_cached_entries_are_registered(target):
+    """A context of 2 blocks whose last token is pending (not cached) registers its first block only."""
+    from specdec.models.base import ForwardBatch
+
+    llm = _llm(target, True)
+    fast, pool = llm.target, llm.engine.cache
+    tokens = SYSTEM[: 2 * BLOCK_SIZE]
+    fast.forward(ForwardBatch.from_rows([tokens[:-1]], [0], [0], fast.device, logits="none"), pool)
+    pool.commit_prefix(0, tokens)
+    assert pool.prefix.lookup(0, tokens[:BLOCK_SIZE]) is not None
+    assert len(pool.prefix.by_key) == 1
+    assert pool.match_prefix(1, tokens + [5]) == BLOCK_SIZE  # the second block is not shared
