@@ -66,7 +66,7 @@ class SamplingParams:
     output (a :class:`~specdec.structured.StructuredOutputsParams` or a dict of its fields; JSON schema,
     regex, choice or grammar), exact under speculation (docs/structured-output.md). ``logprobs``: None, or
     return the chosen token's log probability and those of the ``logprobs`` most likely tokens
-    (``0..``:data:`~specdec.logprobs.MAX_LOGPROBS`) at every output position (vLLM's meaning; the target's raw
+    (0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20) at every output position (vLLM's meaning; the target's raw
     distribution, see :mod:`specdec.logprobs`).
     """
 

@@ -5,9 +5,9 @@ not a number), and an OpenAI field this server does not implement (penalties, to
 ...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`).
 
 Logprobs (:mod:`specdec.server.logprobs` builds the shapes): completions take ``logprobs`` (null or an
-integer in ``0..``:data:`~specdec.logprobs.MAX_LOGPROBS`; ``false`` is null) and ``echo`` (the prompt's text before each
-choice's text; not with ``logprobs``, whose prompt part is not computed); chat takes ``logprobs`` (a
-boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with ``logprobs: true``).
+integer in 0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20; ``false`` is null) and ``echo`` (the prompt's
+text before each choice's text; not with ``logprobs``, whose prompt part is not computed); chat takes
+``logprobs`` (a boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with ``logprobs: true``).
 Sampling values are checked by :class:`~specdec.sampling.SamplingParams` itself, so the server
 accepts exactly what the Python API accepts. Every problem is an :class:`APIError` carrying
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``.
