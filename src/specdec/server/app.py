@@ -228,7 +228,7 @@ async def _events(submission: Submission, fields: SamplingFields, chunk, opening
             finish = choice.finish_reason
             if not item.text and finish is None and not (item.logprobs and item.token_ids):
                 continue
-            shaped = None if item.logprobs is None else logprobs(choice, item.token_ids, item.logprobs)
+            shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
             data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
             if fields.continuous_usage:
                 data["usage"] = submission.choice_usage(index)
