@@ -1,6 +1,7 @@
 """The per-token cost of logprobs: the embedded pair with speculation, the same prompts generated with
 ``logprobs=None`` and ``logprobs=N`` alternately (``--repeats`` rounds, first round discarded as warm-up),
-at each batch size; prints the median seconds per output token of each and the overhead.
+at each batch size; prints the median wall and CPU (this process's, all threads: steadier on a shared machine)
+milliseconds per output token of each and the overhead.
 
     python3 scripts/logprobs_cost.py --method draft_model --k 4 --top 5 --batch 1 8 --max-tokens 64
 """
@@ -35,21 +36,25 @@ def main() -> None:
     for batch in args.batch:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
         timings: dict[str, list[float]] = {"none": [], f"top{args.top}": []}
+        cpu: dict[str, list[float]] = {"none": [], f"top{args.top}": []}
         for repeat in range(args.repeats + 1):
             for label, logprobs in (("none", None), (f"top{args.top}", args.top)):
                 params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=repeat,
                                         ignore_eos=True, logprobs=logprobs)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 outputs = llm.generate(prompts, params)
-                seconds = time.perf_counter() - start
+                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
                 tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
                 if repeat:
                     timings[label].append(seconds / tokens)
-        base, with_lp = (statistics.median(v) for v in timings.values())
-        print(f"batch {batch}: {args.method} k={args.k} T={args.temperature}: none {base * 1e3:.3f} ms/token, "
-              f"logprobs={args.top} {with_lp * 1e3:.3f} ms/token, overhead {(with_lp / base - 1) * 100:+.1f}% "
-              f"({(with_lp - base) * 1e6:+.1f} us/token); per-round none {[round(v * 1e3, 3) for v in timings['none']]}"
-              f" top {[round(v * 1e3, 3) for v in timings[f'top{args.top}']]}")
+                    cpu[label].append(cpu_seconds / tokens)
+        for kind, values in (("wall", timings), ("cpu", cpu)):
+            base, with_lp = (statistics.median(v) for v in values.values())
+            rounds = " / ".join(f"{label} {[round(v * 1e3, 3) for v in vs]}" for label, vs in values.items())
+            print(f"batch {batch} {kind}: {args.method} k={args.k} T={args.temperature}: "
+                  f"none {base * 1e3:.3f} ms/token, "
+                  f"logprobs={args.top} {with_lp * 1e3:.3f} ms/token, overhead {(with_lp / base - 1) * 100:+.1f}% "
+                  f"({(with_lp - base) * 1e6:+.1f} us/token); rounds: {rounds}", flush=True)
 
 
 if __name__ == "__main__":
