@@ -235,8 +235,8 @@ def test_bad_requests_get_400_in_openai_shape(spec_server):
     assert "temperature" in error["message"]
     error = error_of(lambda: create(model="tiny", prompt="x " * 400), 400)
     assert "too long" in error["message"]
-    error = error_of(lambda: create(model="tiny", prompt="x", logprobs=2), 400)
-    assert "logprobs" in error["message"]
+    error = error_of(lambda: create(model="tiny", prompt="x", logprobs=21), 400)
+    assert "logprobs" in error["message"] and error["param"] == "logprobs"
     error = error_of(lambda: create(model="tiny", prompt=[10**6]), 400)
     assert "vocabulary" in error["message"]
     response = httpx.post(spec_server.root + "/v1/completions", content=b"{not json")

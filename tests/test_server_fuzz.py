@@ -75,7 +75,10 @@ BAD = [
     (COMPLETIONS, {"prompt": "x", "best_of": 2}, "best_of", "best_of"),
     (COMPLETIONS, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format",
      "response_format.type"),
-    (COMPLETIONS, {"prompt": "x", "logprobs": 0}, "logprobs", "logprobs"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 21}, "logprobs must be null or an integer in 0..20", "logprobs"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 2, "echo": True}, "echo with logprobs", "echo"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "logprobs is not true",
+     "top_logprobs"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 100_000}, f"maximum length is {CONTEXT}", "max_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000}, f"{CONTEXT} tokens",
      "max_tokens"),
@@ -101,7 +104,8 @@ def test_each_bad_input_class_is_a_400_that_names_it(served, route, body, words,
 @pytest.mark.parametrize("field, value", [("response_format", {"type": "text"}), ("best_of", 1),
                                           ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
                                           ("tool_choice", "none"), ("tools", []), ("logprobs", False),
-                                          ("echo", False), ("parallel_tool_calls", True), ("logit_bias", {})])
+                                          ("logprobs", None), ("top_logprobs", 0), ("echo", False),
+                                          ("parallel_tool_calls", True), ("logit_bias", {})])
 def test_neutral_values_of_fields_not_implemented_are_accepted(served, field, value):
     response = post(served, COMPLETIONS, {"prompt": "x", "max_tokens": 2, field: value})
     assert response.status_code == 200, response.text
@@ -118,7 +122,8 @@ def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):
 
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
-        "logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty", "k" + SURROGATE, "zz"]
+        "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty",
+        "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
     st.text(max_size=6), st.sampled_from([SURROGATE, "a\udcff", "tiny", "€🙂", "x" * 300, 10**30, 1e308]),

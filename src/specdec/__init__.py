@@ -16,6 +16,7 @@ _EXPORTS = {
     "CompletionOutput": "specdec.llm",
     "RequestOutput": "specdec.llm",
     "StreamOutput": "specdec.llm",
+    "Logprob": "specdec.logprobs",
     "Drafter": "specdec.drafters",
     "SpeculativeConfig": "specdec.drafters",
     "register_drafter": "specdec.drafters",

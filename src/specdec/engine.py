@@ -32,6 +32,7 @@ from specdec.adaptive import AdaptiveK, FixedK
 from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.k_schedule import ScheduledK
+from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.sampling import SamplingBatch
@@ -46,13 +47,15 @@ from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 class StepOutput:
     """What one step committed for one sequence: ``token_ids`` (stops and ``max_tokens``
     already applied), how many tokens were drafted and accepted, and ``finish_reason``
-    (None, "stop" or "length")."""
+    (None, "stop" or "length"); ``logprobs``: one per token of ``token_ids`` when the sequence's
+    ``params.logprobs`` is set (see :mod:`specdec.logprobs`), else None."""
 
     request_id: str
     token_ids: list[int]
     num_drafted: int
     num_accepted: int
     finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class Engine:
@@ -231,6 +234,7 @@ class Engine:
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
         #    no drafts at all this is plain sampling from the target (what verification reduces to).
+        verified = logits  # the logits each emitted token was decided by: [B, V], or [B, K+1, V] below
         if width == 0:  # logits are [B, V], one row per sequence
             token = argmax(logits) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
@@ -238,6 +242,7 @@ class Engine:
             target_logits = logits.view(len(seqs), width + 1, -1) if grid is None else logits[grid]  # [B, K+1, V]
             if constrained:
                 target_logits = apply_bitmask(target_logits, masks)
+            verified = target_logits
             if sampling.all_greedy and draft.parents is None:
                 # Greedy chains are matched on the host: the step's one host sync reads the target's
                 # argmax and the drafts, [B, 2K+1], and each row keeps its matching prefix.
@@ -278,6 +283,8 @@ class Engine:
             s.metrics.record_step(drafted, n, len(kept))
             accepted.append(n)
             outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))
+        if any(s.params.logprobs is not None for s in seqs):
+            self._logprobs(seqs, outputs, verified, paths)
         clock.lap("other")
 
         # 5. Observe: the drafter rolls back its own state for the rows that go on.
@@ -304,6 +311,29 @@ class Engine:
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
             fed, width, times["target"] + times["other"], times.get("drafting", 0.0)))
         return outputs
+
+    def _logprobs(self, seqs: list[Sequence], outputs: list[StepOutput], verified: torch.Tensor,
+                  paths: list[list[int]]) -> None:
+        """Stage 4's logprobs of the rows that ask for them, from ``verified`` (``[B, V]`` or ``[B, K+1, V]``,
+        masked under constraints): row ``b``'s emitted token ``i`` was decided at column 0 (``i = 0``) or at
+        the column of its ``i``-th accepted node, ``paths[b][i - 1] + 1`` (a chain's nodes are its columns)."""
+        columns = verified.shape[1] if verified.dim() == 3 else 1
+        rows, chosen, num_top, owners = [], [], [], []
+        for b, (s, out) in enumerate(zip(seqs, outputs)):
+            if s.params.logprobs is None or not out.token_ids:
+                continue
+            cols = [0, *(p + 1 for p in paths[b])][: len(out.token_ids)]
+            rows.extend(b * columns + c for c in cols)
+            chosen.extend(out.token_ids)
+            num_top.extend([s.params.logprobs] * len(cols))
+            owners.append((out, len(cols)))
+        if not rows:
+            return
+        device = verified.device
+        flat = verified.reshape(-1, verified.shape[-1])[to_device(rows, device)]
+        values = iter(token_logprobs(flat, to_device(chosen, device), num_top))
+        for out, count in owners:
+            out.logprobs = [next(values) for _ in range(count)]
 
     def _constrain(self, grammars: list[GrammarState | None], draft: DraftBatch | None, sampling: SamplingBatch
                    ) -> tuple[DraftBatch | None, torch.Tensor]:

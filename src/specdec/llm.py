@@ -30,6 +30,7 @@ from specdec.adaptive import make_policy
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
+from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
@@ -38,19 +39,28 @@ from specdec.scheduler import Scheduler, max_num_batched_tokens_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
-from specdec.text import TextTracker
+from specdec.text import TextTracker, TokenTexts
 
 Prompt = str | dict[str, Any]
 
 
+TokenLogprobDict = dict[int, Logprob]
+"""One output position's logprobs as vLLM returns them: the chosen token first, then the request's
+``logprobs`` most likely tokens best first (one entry less when the chosen token is among them)."""
+
+
 @dataclass
 class CompletionOutput:
-    """One generated sequence: its text (stop string excluded), token ids and why it ended."""
+    """One generated sequence: its text (stop string excluded), token ids and why it ended. With
+    ``SamplingParams(logprobs=N)``: ``logprobs`` (one :data:`TokenLogprobDict` per token) and
+    ``cumulative_logprob`` (the chosen tokens' logprobs summed), else None."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprobDict] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -68,13 +78,15 @@ class RequestOutput:
 @dataclass
 class StreamOutput:
     """One streamed increment: the new ``token_ids`` and ``text`` of a step; the last one has
-    ``finished=True``, the ``finish_reason`` and the request's final ``metrics``."""
+    ``finished=True``, the ``finish_reason`` and the request's final ``metrics``. ``logprobs``: one
+    :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked for them, else None."""
 
     token_ids: list[int]
     text: str
     finished: bool = False
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    logprobs: list[TokenLogprobDict] | None = None
 
 
 @dataclass(eq=False)
@@ -164,6 +176,7 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
         num_blocks = kv_blocks(self.target, kv_cache_memory, self.max_model_len)
+        self.token_texts = TokenTexts(self.tokenizer)
         drafter = None
         if speculative_config is not None:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
@@ -359,13 +372,25 @@ class LLM:
         finish_reason = "stop" if tracker.stopped else out.finish_reason
         finished = finish_reason is not None
         text = tracker.delta(final=finished) if tracker.streaming else ""
+        logprobs = None if out.logprobs is None else self._logprob_dicts(out.token_ids[:kept], out.logprobs)
         request.pending.append(StreamOutput(out.token_ids[:kept], text, finished, finish_reason,
-                                            request.seq.metrics))
+                                            request.seq.metrics, logprobs))
         if finished:
             request.done = True
             del self._requests[out.request_id]
             if not out.finish_reason:  # a stop string ended it before the engine did
                 self.scheduler.abort(out.request_id)
+
+    def _logprob_dicts(self, token_ids: list[int], values: list[TokenLogprobs]) -> list[TokenLogprobDict]:
+        """vLLM's form of the engine's logprobs of ``token_ids`` (one :data:`TokenLogprobDict` per token)."""
+        text = self.token_texts.text
+        dicts = []
+        for token, value in zip(token_ids, values):
+            entry = {token: Logprob(value.logprob, value.rank, text(token))}
+            for rank, (top, logprob) in enumerate(zip(value.top_ids, value.top_logprobs), start=1):
+                entry.setdefault(top, Logprob(logprob, rank, text(top)))
+            dicts.append(entry)
+        return dicts
 
     def _fail_all(self, exc: BaseException) -> None:
         """A step failed: every request in flight fails with the same error; the pool is freed."""
@@ -426,13 +451,18 @@ class LLM:
         try:
             for request in requests:
                 token_ids: list[int] = []
+                logprobs: list[TokenLogprobDict] | None = None if request.seq.params.logprobs is None else []
                 while True:
                     out = self._next(request)
                     token_ids.extend(out.token_ids)
+                    if logprobs is not None:
+                        logprobs.extend(out.logprobs or ())
                     if out.finished:
                         break
                 seq = request.seq
-                completion = CompletionOutput(0, request.tracker.finish(), token_ids, out.finish_reason)
+                cumulative = None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, token_ids))
+                completion = CompletionOutput(0, request.tracker.finish(), token_ids, out.finish_reason, logprobs,
+                                              cumulative)
                 results.append(RequestOutput(seq.request_id, request.prompt, seq.prompt_ids, [completion], True,
                                              seq.metrics))
         finally:

@@ -16,6 +16,7 @@ import torch
 
 from specdec.argmax import argmax
 from specdec.errors import SpecDecError
+from specdec.logprobs import MAX_LOGPROBS
 from specdec.structured.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -63,7 +64,10 @@ class SamplingParams:
     :data:`MAX_STOP_STRINGS` strings of at most :data:`MAX_STOP_LENGTH` characters).
     ``stop`` and ``stop_token_ids`` are stored as tuples. ``structured_outputs``: a constraint on the
     output (a :class:`~specdec.structured.StructuredOutputsParams` or a dict of its fields; JSON schema,
-    regex, choice or grammar), exact under speculation (docs/structured-output.md).
+    regex, choice or grammar), exact under speculation (docs/structured-output.md). ``logprobs``: None, or
+    return the chosen token's log probability and those of the ``logprobs`` most likely tokens
+    (0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20) at every output position (vLLM's meaning; the target's raw
+    distribution, see :mod:`specdec.logprobs`).
     """
 
     temperature: float = 1.0
@@ -76,6 +80,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     structured_outputs: StructuredOutputsParams | dict | None = None
+    logprobs: int | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +113,8 @@ class SamplingParams:
         ids = self._sequence(self.stop_token_ids, "stop_token_ids", int)
         if any(not _is_int(t) or t < 0 for t in ids):
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise SpecDecError(f"logprobs must be None or an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
         if self.structured_outputs is not None:
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         object.__setattr__(self, "stop", stops or None)

@@ -72,3 +72,63 @@ class TextTracker:
 def _decoded_len(text: str) -> int:
     """Length of ``text`` without its trailing U+FFFD (the bytes of a character not complete yet)."""
     return len(text.rstrip("\ufffd"))
+
+
+class TokenTexts:
+    """The text and the bytes of single tokens (cached per id), for logprobs.
+
+    ``text(id)`` is the token decoded alone (special tokens kept), as vLLM's ``decoded_token``: a token that
+    holds part of a UTF-8 character decodes to U+FFFD. ``bytes(id)`` is exact for byte-level BPE tokenizers
+    (GPT-2's byte alphabet mapped back) and the UTF-8 of ``text(id)`` otherwise. Without a tokenizer both
+    are None.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+        self._byte_level = _is_byte_level(tokenizer)
+
+    def text(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def bytes(self, token_id: int) -> list[int] | None:
+        if self.tokenizer is None:
+            return None
+        data = self._bytes.get(token_id)
+        if data is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id) if self._byte_level else None
+            if piece is not None and token_id not in self.tokenizer.all_special_ids and all(
+                    c in _BYTE_OF for c in piece):
+                data = [_BYTE_OF[c] for c in piece]
+            else:
+                data = list(self.text(token_id).encode("utf-8"))
+            self._bytes[token_id] = data
+        return data
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def _is_byte_level(tokenizer) -> bool:
+    """Whether ``tokenizer`` is a fast tokenizer with a byte-level decoder."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return decoder is not None and type(decoder).__name__ == "ByteLevel"

@@ -32,9 +32,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.errors import SpecDecError
-from specdec.llm import LLM
+from specdec.llm import LLM, StreamOutput, TokenLogprobDict
 from specdec.metrics import RequestMetrics
 from specdec.server.kv_metrics import KVCacheCollector
+from specdec.server.logprobs import chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
@@ -86,13 +87,17 @@ class ServerState:
 
 
 class Choice:
-    """What a handler has received of one sequence."""
+    """What a handler has received of one sequence (``token_ids`` and ``logprobs`` only when it asked for
+    logprobs; ``offset``: the characters of text its logprobs have covered, for ``text_offset``)."""
 
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.num_tokens = 0
         self.finish_reason: str | None = None
         self.metrics: RequestMetrics | None = None
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobDict] = []
+        self.offset = 0
 
 
 class Submission:
@@ -133,8 +138,8 @@ class Submission:
             if choice.finish_reason is None:
                 self.state.worker.abort(job)
 
-    async def updates(self) -> AsyncIterator[tuple[int, str, int]]:
-        """``(index, text delta, new tokens)`` as outputs arrive, until every choice finished."""
+    async def updates(self) -> AsyncIterator[tuple[int, StreamOutput]]:
+        """``(index, output)`` as outputs arrive, until every choice finished."""
         remaining = len(self.jobs)
         while remaining:
             index, item = await self.outbox.get()
@@ -148,10 +153,13 @@ class Submission:
             choice = self.choices[index]
             choice.pieces.append(item.text)
             choice.num_tokens += len(item.token_ids)
+            if item.logprobs is not None:
+                choice.token_ids.extend(item.token_ids)
+                choice.logprobs.extend(item.logprobs)
             if item.finished:
                 choice.finish_reason, choice.metrics = item.finish_reason, item.metrics
                 remaining -= 1
-            yield index, item.text, len(item.token_ids)
+            yield index, item
 
     def usage(self) -> dict[str, Any]:
         total = RequestMetrics()
@@ -209,17 +217,20 @@ class EventStream(StreamingResponse):
 
 
 async def _events(submission: Submission, fields: SamplingFields, chunk, opening: list[dict[str, Any]],
-                  head: dict[str, Any]) -> AsyncIterator[str]:
-    """The event stream of a submission: ``opening`` chunks, one chunk per text delta (``chunk(index,
-    text, finish_reason)``), the usage chunk when asked, then ``[DONE]``."""
+                  head: dict[str, Any], logprobs) -> AsyncIterator[str]:
+    """The event stream of a submission: ``opening`` chunks, one chunk per output with text, tokens with
+    logprobs or the finish (``chunk(index, text, finish_reason, logprobs)``; ``logprobs(choice, token_ids,
+    entries)`` builds the endpoint's shape), the usage chunk when asked, then ``[DONE]``."""
     try:
         for data in opening:
             yield _sse(data)
-        async for index, text, _ in submission.updates():
-            finish = submission.choices[index].finish_reason
-            if not text and finish is None:
+        async for index, item in submission.updates():
+            choice = submission.choices[index]
+            finish = choice.finish_reason
+            if not item.text and finish is None and not (item.logprobs and item.token_ids):
                 continue
-            data = {**head, "choices": [chunk(index, text, finish)]}
+            shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
+            data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
             if fields.continuous_usage:
                 data["usage"] = submission.choice_usage(index)
             yield _sse(data)
@@ -336,25 +347,39 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     async def completions(request: Request) -> Response:
         prepared = await prepare(request, preparer.completion)
         head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": name}
+        num_top = prepared.request.logprobs
 
-        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, [])
+        def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
+            shaped, choice.offset = completion_logprobs(token_ids, entries, num_top, llm.token_texts, choice.offset)
+            return shaped
+
+        submission = Submission(state, prepared)
+        echo = prepared.echo_texts
+        opening = [] if echo is None or not prepared.request.stream else [
+            {**head, "choices": [chunk(i, echo[i // prepared.request.n], None, None)]}
+            for i in range(len(submission.jobs))]
+        return await _respond(request, submission, prepared.request, head, chunk, opening, logprobs, echo)
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
         prepared = await prepare(request, preparer.chat)
         head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": name}
+        num_top = prepared.request.top_logprobs or 0
 
-        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
             delta = {"content": text} if text else {}
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+        def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
+            return chat_logprobs(token_ids, entries, num_top, llm.token_texts)
 
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
                    for i in range(prepared.request.n)]
-        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, opening)
+        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, opening, logprobs)
 
     app.include_router(v1)
 
@@ -372,19 +397,24 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
 
 async def _respond(request: Request, submission: Submission, fields: SamplingFields, head: dict[str, Any], chunk,
-                   opening: list[dict[str, Any]]) -> Response:
-    """Start the submission and answer with an event stream or, once every choice finished, one body."""
+                   opening: list[dict[str, Any]], logprobs, echo: list[str] | None = None) -> Response:
+    """Start the submission and answer with an event stream or, once every choice finished, one body
+    (``echo``: each prompt's text, put before its choices' texts)."""
     submission.start()
     if fields.stream:
-        return EventStream(_events(submission, fields, chunk, opening, head), submission)
+        return EventStream(_events(submission, fields, chunk, opening, head, logprobs), submission)
     if not await _collect(request, submission):
         return Response(status_code=499)  # nobody is listening any more
     chat = head["object"] == "chat.completion.chunk"
     choices = []
+    wants_logprobs = fields.num_logprobs() is not None
     for index, choice in enumerate(submission.choices):
         text = "".join(choice.pieces)
+        if echo is not None:
+            text = echo[index // fields.n] + text
         body = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        choices.append({"index": index, **body, "logprobs": None, "finish_reason": choice.finish_reason})
+        shaped = logprobs(choice, choice.token_ids, choice.logprobs) if wants_logprobs else None
+        choices.append({"index": index, **body, "logprobs": shaped, "finish_reason": choice.finish_reason})
     obj = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
 

@@ -45,11 +45,13 @@ NO_TEMPLATE = ("model {name!r} has no chat template: start the server with --cha
 
 @dataclass
 class Prepared:
-    """A validated request and its encoded prompts ``(text or None, token ids)``, ready to submit."""
+    """A validated request and its encoded prompts ``(text or None, token ids)``, ready to submit;
+    ``echo_texts``: each prompt's text when a completion asks for ``echo`` (token ids decoded), else None."""
 
     request: SamplingFields
     prompts: list[tuple[str | None, list[int]]]
     max_tokens: int
+    echo_texts: list[str] | None = None
 
 
 def read_json(body: bytes, max_values: int) -> Any:
@@ -134,7 +136,15 @@ class Preparer:
                 self._check_bytes(len(prompt.encode("utf-8")), "prompt")
         encoded = [self.llm.encode_prompt(p) for p in prompts]
         self._check_params(req, req.max_tokens, "max_tokens", encoded)
-        return Prepared(req, encoded, req.max_tokens)
+        return Prepared(req, encoded, req.max_tokens, self._echo_texts(encoded) if req.echo else None)
+
+    def _echo_texts(self, encoded: list[tuple[str | None, list[int]]]) -> list[str]:
+        """The text of each prompt (a token-id prompt decoded, special tokens skipped as in outputs)."""
+        if self.llm.tokenizer is None and any(text is None for text, _ in encoded):
+            raise APIError(400, f"echo of a token-id prompt needs a tokenizer and model {self.served_model_name!r} "
+                                "has none", param="echo")
+        return [text if text is not None else self.llm.tokenizer.decode(ids, skip_special_tokens=True)
+                for text, ids in encoded]
 
     def chat(self, body: bytes) -> Prepared:
         req: ChatRequest = parse(ChatRequest, read_json(body, self.max_values))

@@ -1,8 +1,13 @@
 """The OpenAI wire format: request models with their validation, error bodies, response pieces.
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
-not a number), and an OpenAI field this server does not implement (``logprobs``, ``echo``,
-penalties, tools, ...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`).
+not a number), and an OpenAI field this server does not implement (penalties, tools, ``best_of``,
+...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`).
+
+Logprobs (:mod:`specdec.server.logprobs` builds the shapes): completions take ``logprobs`` (null or an
+integer in 0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20; ``false`` is null) and ``echo`` (the prompt's
+text before each choice's text; not with ``logprobs``, whose prompt part is not computed); chat takes
+``logprobs`` (a boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with ``logprobs: true``).
 Sampling values are checked by :class:`~specdec.sampling.SamplingParams` itself, so the server
 accepts exactly what the Python API accepts. Every problem is an :class:`APIError` carrying
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -22,10 +27,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specdec.logprobs import MAX_LOGPROBS
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 from specdec.structured import StructuredOutputsParams
@@ -36,7 +42,7 @@ USAGE_EXTENSION = "specdec"
 ``mean_acceptance_length`` (τ) and ``acceptance_rate`` (α)."""
 
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "suffix": ("",), "best_of": (1,),
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False),
@@ -159,11 +165,14 @@ class SamplingFields(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
+    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    """The endpoint's own fields of the other endpoint, refused as :data:`UNSUPPORTED` ones are."""
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name, neutrals in UNSUPPORTED.items():
+            for name, neutrals in {**UNSUPPORTED, **cls.unsupported_here}.items():
                 if name in data:
                     if not _neutral(data[name], neutrals):
                         shown = " or ".join(json.dumps(v) for v in neutrals)
@@ -180,7 +189,12 @@ class SamplingFields(_Strict):
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                              ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint())
+                              ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint(),
+                              logprobs=self.num_logprobs())
+
+    def num_logprobs(self) -> int | None:
+        """How many top tokens to report per position (None: no logprobs)."""
+        return None
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The request's structured-output constraint, from whichever of ``response_format``,
@@ -213,11 +227,42 @@ class SamplingFields(_Strict):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
+def _check_logprobs(value: int | None, name: str) -> int | None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise APIError(400, f"{name} must be null or an integer in 0..{MAX_LOGPROBS}, got {value}", param=name)
+    return value
+
+
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``; ``max_tokens`` defaults to 16 as in OpenAI's API."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = 16
+    logprobs: int | None = None
+    echo: bool = False
+
+    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"top_logprobs": (0,)}
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _false_is_null(cls, value: Any) -> Any:
+        """``false`` means no logprobs (clients that send the chat field's neutral value here); ``true`` is refused."""
+        return None if value is False else value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value: int | None) -> int | None:
+        return _check_logprobs(value, "logprobs")
+
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported: specdec serve does not compute the prompt's "
+                                "logprobs; send echo or logprobs, not both", param="echo")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="plain")
     @classmethod
@@ -265,6 +310,25 @@ class ChatRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,)}
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value: int | None) -> int | None:
+        return _check_logprobs(value, "top_logprobs")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, f"top_logprobs is {self.top_logprobs} but logprobs is not true: set logprobs to "
+                                "true to get log probabilities", param="top_logprobs")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         if not self.messages:
