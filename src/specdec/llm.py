@@ -111,7 +111,10 @@ class LLM:
     (default: the model's context window, at most :data:`DEFAULT_MAX_MODEL_LEN`); a KV pool that
     does not fit the available memory raises :class:`SpecDecError` before it is allocated.
     ``enforce_eager``: never capture CUDA graphs (on a GPU the fast backend captures its decode
-    and verify forwards lazily, per shape bucket).
+    and verify forwards lazily, per shape bucket). ``deterministic``: the target computes every row
+    with batch-invariant kernels (:mod:`specdec.models.deterministic`; fast backend on a CPU), so a
+    request's tokens do not depend on the batch and greedy speculation equals plain greedy decoding
+    bit for bit in any dtype; a target that cannot run so raises :class:`SpecDecError`.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class LLM:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_model_len: int | None = None,
         enforce_eager: bool = False,
+        deterministic: bool = False,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -135,8 +139,9 @@ class LLM:
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
         self.device = resolve_device(device)
+        self.deterministic = deterministic
         self.target = load_causal_lm(model, dtype=dtype, device=self.device, backend=backend,
-                                     enforce_eager=enforce_eager)
+                                     enforce_eager=enforce_eager, deterministic=deterministic)
         if max_model_len is not None and max_model_len > self.target.max_length:
             raise SpecDecError(
                 f"max_model_len {max_model_len} is larger than the context window of {self.target.name!r} "
