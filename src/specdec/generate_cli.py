@@ -133,6 +133,9 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--max-model-len", type=int, default=None,
                    help="tokens per sequence, prompt and output (default: the model's context window)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels (fast backend, CPU): a request's tokens do not depend on the batch "
+                   "and greedy speculation equals plain decoding bit for bit (see docs/determinism.md)")
 
 
 def speculative_config_json(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -312,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, deterministic=args.deterministic)
     llm.check_params(params)
     for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
         llm.encode_prompt(prompt)

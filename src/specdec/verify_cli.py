@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     def llm(config):
         return LLM(target, tokenizer=tokenizer, speculative_config=config, dtype=target.dtype,
                    device=device, backend=args.backend, max_num_seqs=args.max_num_seqs,
-                   max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+                   max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+                   deterministic=args.deterministic)
 
     reference, candidate = llm(None), llm(spec)
     print(f"specdec verify: target {model}, {method}, k={candidate.speculative_config.num_speculative_tokens}"

@@ -230,6 +230,7 @@ def load_bench(
         max_num_seqs=max(settings.batch_sizes),
         max_model_len=_max_model_len(source, args, target, ks),
         enforce_eager=args.enforce_eager,
+        deterministic=args.deterministic,
     )
     runners = build_runners(specs, target, draft, options)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm
@@ -255,6 +256,7 @@ def load_bench(
         "questions": len(source.questions),
         "prompt tokens": args.prompt_len if source.synthetic is not None else None,
         "backend": args.backend,
+        "deterministic": args.deterministic,
         "max model len": reference.max_model_len,
         "parameter bytes": param_bytes,
         "bytes read per step": weight_bytes + kv_bytes,

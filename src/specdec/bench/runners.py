@@ -181,8 +181,9 @@ class RunnerOptions:
     comes from ``draft_dtype`` by :func:`~specdec.drafters.draft_lm.resolve_draft_dtype`, unless
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
-    ``enforce_eager`` turns their CUDA graphs off. ``num_candidates`` goes to the methods that
-    propose trees (``Drafter.tree_drafts``); chain methods run as chains.
+    ``enforce_eager`` turns their CUDA graphs off; ``deterministic`` runs them in deterministic mode.
+    ``num_candidates`` goes to the methods that propose trees (``Drafter.tree_drafts``); chain methods
+    run as chains.
     """
 
     tokenizer: str | None = None
@@ -195,6 +196,7 @@ class RunnerOptions:
     max_num_seqs: int = 1
     max_model_len: int | None = None
     enforce_eager: bool = False
+    deterministic: bool = False
 
 
 def _peer_runner(
@@ -244,7 +246,7 @@ def build_runners(
         return LLM(
             target, options.tokenizer, config, dtype, device, backend=options.backend,
             max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
-            enforce_eager=options.enforce_eager,
+            enforce_eager=options.enforce_eager, deterministic=options.deterministic,
         )
 
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:

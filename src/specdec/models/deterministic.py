@@ -9,9 +9,10 @@ torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` 
   takes a different reduction than two or more rows once the reduced width exceeds 1024 (every
   1b-shape matrix, the output head included: 1 to 4 of 4 probe rows differ by an ulp); every ``M``
   from 2 to 3072 gives the same bits for a row, at any place in the batch. In float32 and float64
-  (MKL) ``M`` of 1 to 3 each differ from ``M >= 4`` (at every width measured). Fix: :func:`rows_linear`
-  gives every product at least :data:`MIN_ROWS` rows (memory-bound small products cost about the
-  same for 1 and 4 rows: the weights are read once).
+  (MKL) ``M`` of 1 to 3 each differ from ``M >= 4``, and the last ``M mod 4`` rows of a larger ``M``
+  take another kernel too; over any multiple of 4 rows every row has the same bits (both with 1 and
+  2 threads). Fix: :func:`rows_linear` gives every product a multiple of :data:`ROW_TILE` rows
+  (memory-bound small products cost about the same for 1 and 4 rows: the weights are read once).
 - **attention** (torch's CPU flash SDPA): a query's output changes with the number of queries
   (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
   or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
@@ -31,20 +32,20 @@ import torch.nn.functional as F
 KEY_BLOCK = 64
 """Keys per block of :func:`attend`; the attended key length is padded to a multiple of it."""
 
-MIN_ROWS = 4
-"""Rows every matrix product is given at least (fewer are padded with copies of the first)."""
+ROW_TILE = 4
+"""Every matrix product is given a multiple of this many rows (the missing ones are copies of the first)."""
 
 
 def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
-    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``) computed as for
-    :data:`MIN_ROWS` or more rows: fewer rows are padded with copies of the first and only theirs
-    kept. Returns ``[..., out]``."""
+    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``) computed over a multiple of
+    :data:`ROW_TILE` rows: the rows are padded with copies of the first and only theirs kept.
+    Returns ``[..., out]``."""
     width = x.shape[-1]
     count = x.numel() // width
-    if count >= MIN_ROWS or count == 0:
+    if count % ROW_TILE == 0:
         return fn(x, *args)
     flat = x.reshape(count, width)
-    padded = torch.cat([flat, flat[:1].expand(MIN_ROWS - count, -1)])
+    padded = torch.cat([flat, flat[:1].expand(ROW_TILE - count % ROW_TILE, -1)])
     return fn(padded, *args)[:count].view(*x.shape[:-1], -1)
 
 
@@ -62,7 +63,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     keys at offsets ``0, 64, ...`` the exponentials' sum and their product with the values, and the
     blocks summed in ascending order (a masked key adds an exact zero, so keys past the query's last
     visible one change nothing). ``K`` not a multiple of the block is padded (masked zeros).
-    A query row set smaller than :data:`MIN_ROWS` (a decode step without grouped heads) is padded.
+    The query rows (``heads // kv_heads * T`` per KV head) are padded to a multiple of :data:`ROW_TILE`.
     ``softcap``: scores become ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T, head_dim]``
     in ``q``'s dtype."""
     rows, heads, width, head_dim = q.shape
@@ -76,8 +77,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         mask = F.pad(mask, (0, extra), value=False)
     group = heads // kv_heads  # query head h reads kv head h // group
     queries = group * width
-    if queries < MIN_ROWS:  # too few query rows take other kernels: pad with copies of the first query
-        more = -(-MIN_ROWS // group) - width
+    if queries % ROW_TILE:  # a partial row tile takes other kernels: pad with copies of the first query
+        more = next(t for t in range(width + 1, width + ROW_TILE + 1) if group * t % ROW_TILE == 0) - width
         q = torch.cat([q, q[:, :, :1].expand(-1, -1, more, -1)], dim=2)
         mask = torch.cat([mask, mask[:, :, :1].expand(-1, -1, more, -1)], dim=2)
         return attend(q, keys, values, mask, scale, softcap)[:, :, :width]

@@ -103,7 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     llm = LLM(model, tokenizer=args.tokenizer, speculative_config=spec, dtype=args.dtype, device=args.device,
               seed=args.seed, backend=args.backend, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+              max_model_len=args.max_model_len, enforce_eager=args.enforce_eager, deterministic=args.deterministic)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     app = create_app(llm, served_model_name=name, api_key=args.api_key or None, chat_template=template,
                      max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
