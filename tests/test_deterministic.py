@@ -69,18 +69,18 @@ def test_attention_is_query_and_key_invariant_and_sdpa_is_not():
     not with the default SDPA."""
     torch.manual_seed(1)
     heads, kv_heads, dim = 4, 4, 64
-    keys, values = torch.randn(2, 2, kv_heads, 400, dim).bfloat16().unbind(0)
+    keys, values = torch.randn(2, 1, kv_heads, 400, dim).bfloat16().unbind(0)
     q = torch.randn(1, heads, 400, dim).bfloat16()
     differ = {True: 0, False: 0}
     for deterministic in (True, False):
         for start, width, extra in ((40, 5, 0), (100, 9, 30), (300, 4, 70), (63, 2, 1)):
             length = start + width + extra
             mask = (torch.arange(length)[None, :] <= torch.arange(start, start + width)[:, None])[None, None]
-            out = attend(q[:, :, start : start + width], keys[None, :, :length], values[None, :, :length], mask,
+            out = attend(q[:, :, start : start + width], keys[:, :, :length], values[:, :, :length], mask,
                          dim**-0.5, False, False, deterministic=deterministic)
             for t in range(width):
                 p = start + t
-                alone = attend(q[:, :, p : p + 1], keys[None, :, : p + 1], values[None, :, : p + 1], None, dim**-0.5,
+                alone = attend(q[:, :, p : p + 1], keys[:, :, : p + 1], values[:, :, : p + 1], None, dim**-0.5,
                                False, True, deterministic=deterministic)
                 differ[deterministic] += not torch.equal(out[:, :, t : t + 1], alone)
     assert differ[True] == 0
@@ -167,9 +167,10 @@ CHAIN = {
     "layer_skip": lambda d: {"method": "layer_skip", "num_speculative_tokens": 3, "skip_layers": [1]},
     "mtp": lambda d: {"method": "mtp", "model": str(d["mtp"]), "num_speculative_tokens": 2},
     "cascade": lambda d: {"method": "cascade", "num_speculative_tokens": 4, "stages": [
-        {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1},
+        {"method": "draft_model", "model": str(d["draft"]), "num_speculative_tokens": 2},
         {"method": "draft_model", "model": str(d["draft"])}]},
-    "auto": lambda d: {"method": "auto", "num_speculative_tokens": 3},
+    "auto": lambda d: {"method": "auto", "num_speculative_tokens": 3, "candidates": [
+        {"method": "ngram", "prompt_lookup_min": 1}, {"method": "draft_model", "model": str(d["draft"])}]},
 }
 TREE = {
     "ngram tree": lambda d: {"method": "ngram", "num_speculative_tokens": 4, "num_candidates": 2,
@@ -199,7 +200,8 @@ def test_greedy_speculation_differs_from_plain_with_the_mode_off(bf16):
     """The same comparison without the mode: some method's output departs from plain decoding's."""
     plain = tokens(llm(bf16, False), PROMPTS)
     assert any(tokens(llm(bf16, False, make(bf16)), PROMPTS) != plain
-               for make in (CHAIN["ngram"], CHAIN["draft_model"], TREE["ngram tree"]))
+               for make in (CHAIN["ngram"], CHAIN["draft_model"], TREE["ngram tree"], CHAIN["layer_skip"],
+                            TREE["lookahead"], TREE["eagle tree"]))
 
 
 @pytest.mark.parametrize("method", [None, "draft_model", "eagle tree"])

@@ -154,7 +154,7 @@ class LLM:
         if speculative_config is not None:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
-                                  enforce_eager=enforce_eager)
+                                  enforce_eager=enforce_eager, deterministic=deterministic)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows)

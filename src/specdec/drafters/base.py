@@ -208,7 +208,8 @@ class LoadOptions:
     """What a drafter needs to build its state: the target's device and backend, the
     target's tokenizer (None when the target has none, used to check that they agree), the
     engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens) and whether CUDA
-    graphs are off (``enforce_eager``)."""
+    graphs are off (``enforce_eager``); ``deterministic``: draft models load in deterministic mode too
+    (their probabilities then do not depend on the batch, so seeded sampling does not either)."""
 
     device: torch.device
     backend: str
@@ -216,6 +217,7 @@ class LoadOptions:
     max_model_len: int
     target_tokenizer: Any = None
     enforce_eager: bool = False
+    deterministic: bool = False
 
 
 class Drafter(ABC):
