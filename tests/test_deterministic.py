@@ -228,3 +228,12 @@ def test_backend_line_names_the_mode(bf16):
     from specdec.models.loader import backend_line
 
     assert backend_line(llm(bf16, True).target) == "backend: fast (bfloat16, deterministic)"
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench", "verify"])
+def test_every_command_takes_the_flag(command):
+    from specdec.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([command, "--deterministic"]).deterministic
+    assert not parser.parse_args([command]).deterministic
