@@ -5,8 +5,10 @@
 - A request's greedy tokens are the same alone, batched, reversed in the batch and under continuous
   batching (more requests than slots: they join and leave); greedy speculation equals plain greedy
   decoding bit for bit for every method, chains and trees; seeded sampling is the same alone and
-  batched. With the mode off the same comparisons find a difference on this model (bfloat16 rounding
-  that depends on the batch), so the checks can fail.
+  batched. With the mode off the batch comparisons find a difference on this model (bfloat16 rounding
+  that depends on the batch), so the checks can fail. (Speculative against plain output with the mode
+  off differed on other seeds of this shape, 0-3 of 8 prompts, but not on this fixture's six prompts:
+  see the lab note; the kernel tests above show the verification/decode difference directly.)
 - Refusals: transformers' backend and models the fast backend cannot run raise a clear error.
 """
 
@@ -194,14 +196,6 @@ def test_greedy_speculation_equals_plain_bit_for_bit(bf16, plain_tokens, method)
     engine = llm(bf16, True, spec)
     assert tokens(engine, PROMPTS) == plain_tokens
     assert engine.batch_metrics.num_draft_tokens > 0
-
-
-def test_greedy_speculation_differs_from_plain_with_the_mode_off(bf16):
-    """The same comparison without the mode: some method's output departs from plain decoding's."""
-    plain = tokens(llm(bf16, False), PROMPTS)
-    assert any(tokens(llm(bf16, False, make(bf16)), PROMPTS) != plain
-               for make in (CHAIN["ngram"], CHAIN["draft_model"], TREE["ngram tree"], CHAIN["layer_skip"],
-                            TREE["lookahead"], TREE["eagle tree"]))
 
 
 @pytest.mark.parametrize("method", [None, "draft_model", "eagle tree"])
