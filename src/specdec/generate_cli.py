@@ -139,6 +139,9 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="with chunked prefill, the most tokens one step feeds the target, decoding rows first "
                    "(default: 2048 on a GPU, 128 on a CPU, at least --max-num-seqs)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels (fast backend, CPU): a request's tokens do not depend on the batch "
+                   "and greedy speculation equals plain decoding bit for bit (see docs/determinism.md)")
     add_kv_flags(p, prefix_caching_default=True)
 
 
@@ -331,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, enable_chunked_prefill=args.enable_chunked_prefill,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching)
+              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+              deterministic=args.deterministic)
     llm.check_params(params)
     for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
         llm.encode_prompt(prompt)

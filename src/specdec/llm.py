@@ -128,12 +128,15 @@ class LLM:
     V1): prompts are fed in chunks beside the running sequences' steps, at most
     ``max_num_batched_tokens`` tokens per step (default: see
     :func:`specdec.scheduler.max_num_batched_tokens_of`); off, each prompt is fed whole at admission.
-    and verify forwards lazily, per shape bucket). ``kv_cache_memory``: bytes (or ``"4GiB"``) of the
-    target's paged KV pool (default: room for ``max_num_seqs`` full sequences); a draft model's pool
-    holds as many tokens. Sequences are admitted while blocks are free and the least advanced one is
-    preempted (recomputed later) when they run out. ``enable_prefix_caching``: reuse the KV blocks of
-    earlier prompts' and outputs' common prefixes (exact: outputs are the same with it or without it).
-    See ``docs/serving.md``.
+    ``kv_cache_memory``: bytes (or ``"4GiB"``) of the target's paged KV pool (default: room for
+    ``max_num_seqs`` full sequences); a draft model's pool holds as many tokens. Sequences are admitted
+    while blocks are free and the least advanced one is preempted (recomputed later) when they run out.
+    ``enable_prefix_caching``: reuse the KV blocks of earlier prompts' and outputs' common prefixes
+    (exact: outputs are the same with it or without it; see ``docs/serving.md``). ``deterministic``: the
+    target computes every row with batch-invariant kernels (:mod:`specdec.models.deterministic`; fast
+    backend on a CPU), so a request's tokens do not depend on the batch and greedy speculation equals
+    plain greedy decoding bit for bit in any dtype; a target that cannot run so raises
+    :class:`SpecDecError`.
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class LLM:
         max_num_batched_tokens: int | None = None,
         kv_cache_memory: int | str | None = None,
         enable_prefix_caching: bool = True,
+        deterministic: bool = False,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -165,8 +169,9 @@ class LLM:
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
         self.device = resolve_device(device)
+        self.deterministic = deterministic
         self.target = load_causal_lm(model, dtype=dtype, device=self.device, backend=backend,
-                                     enforce_eager=enforce_eager)
+                                     enforce_eager=enforce_eager, deterministic=deterministic)
         if max_model_len is not None and max_model_len > self.target.max_length:
             raise SpecDecError(
                 f"max_model_len {max_model_len} is larger than the context window of {self.target.name!r} "
@@ -182,7 +187,7 @@ class LLM:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
                                   enforce_eager=enforce_eager, kv_blocks=num_blocks,
-                                  prefix_caching=enable_prefix_caching)
+                                  prefix_caching=enable_prefix_caching, deterministic=deterministic)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,

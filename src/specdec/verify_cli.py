@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                    max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                    enable_chunked_prefill=args.enable_chunked_prefill,
                    max_num_batched_tokens=args.max_num_batched_tokens,
-                   kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching)
+                   kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+                   deterministic=args.deterministic)
 
     reference, candidate = llm(None), llm(spec)
     print(f"specdec verify: target {model}, {method}, k={candidate.speculative_config.num_speculative_tokens}"

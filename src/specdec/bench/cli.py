@@ -210,6 +210,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     run.add_argument("--enforce-eager", action="store_true",
                      help="specdec without CUDA graphs on a GPU (the CPU path is always eager)")
     add_kv_flags(run, prefix_caching_default=False)  # off: repeated prompts would time cache hits
+    run.add_argument("--deterministic", action="store_true",
+                     help="every specdec method, plain included, in deterministic mode (batch-invariant kernels; "
+                     "fast backend on a CPU): the greedy check then counts every difference from plain decoding "
+                     "as a mismatch (no rounding ties)")
     run.add_argument("--max-tokens", type=int, default=128, help="tokens generated per turn by every method")
     run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, checked against plain decoding")
     run.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED", help="each question runs once per seed")

@@ -174,9 +174,10 @@ def _untied(prompt_ids: Sequence[int], expected: Sequence[int], actual: Sequence
 
 
 def reference_judge(runners: Sequence[Runner]) -> Judge:
-    """:func:`check_greedy` under the target of the ``plain`` runner (when it exposes specdec's ``llm``)."""
+    """:func:`check_greedy` under the target of the ``plain`` runner (when it exposes specdec's ``llm``);
+    in deterministic mode every difference is a mismatch (outputs must be identical: no rounding ties)."""
     llm = next((getattr(r, "llm", None) for r in runners if r.spec.method == REFERENCE), None)
-    if llm is None:
+    if llm is None or getattr(llm, "deterministic", False):
         return _untied
     return lambda prompt_ids, expected, actual: check_greedy(llm.target, prompt_ids, expected, actual)
 

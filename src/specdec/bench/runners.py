@@ -182,7 +182,8 @@ class RunnerOptions:
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
     ``enforce_eager`` turns their CUDA graphs off; ``kv_cache_memory`` and ``enable_prefix_caching``
-    size their KV pools and turn prefix caching on (off by default here: a benchmark repeats prompts).
+    size their KV pools and turn prefix caching on (off by default here: a benchmark repeats prompts);
+    ``deterministic`` runs them in deterministic mode.
     ``num_candidates`` goes to the methods that propose trees (``Drafter.tree_drafts``); chain methods
     run as chains.
     """
@@ -199,6 +200,7 @@ class RunnerOptions:
     enforce_eager: bool = False
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = False
+    deterministic: bool = False
 
 
 def _peer_runner(
@@ -250,6 +252,7 @@ def build_runners(
             max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
             enforce_eager=options.enforce_eager, kv_cache_memory=options.kv_cache_memory,
             enable_prefix_caching=options.enable_prefix_caching,
+            deterministic=options.deterministic,
         )
 
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:

@@ -222,7 +222,9 @@ class LoadOptions:
     target's tokenizer (None when the target has none, used to check that they agree), the
     engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens, in ``kv_blocks`` blocks,
     None: enough for every slot to be full), whether pools cache prefixes (``prefix_caching``) and
-    whether CUDA graphs are off (``enforce_eager``)."""
+    whether CUDA graphs are off (``enforce_eager``); ``deterministic``: draft models load in
+    deterministic mode too (their probabilities then do not depend on the batch, so seeded sampling does not
+    either)."""
 
     device: torch.device
     backend: str
@@ -232,6 +234,7 @@ class LoadOptions:
     enforce_eager: bool = False
     kv_blocks: int | None = None
     prefix_caching: bool = False
+    deterministic: bool = False
 
 
 class Drafter(ABC):

@@ -53,7 +53,7 @@ class DraftLM(Drafter):
         """The draft ``config.model`` on the target's device and backend, in :func:`resolve_draft_dtype`'s dtype."""
         dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
         return load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
-                              enforce_eager=options.enforce_eager)
+                              enforce_eager=options.enforce_eager, deterministic=options.deterministic)
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq.slot)

@@ -13,7 +13,8 @@ of up to 16 tokens per row replay captured graphs (:mod:`.cuda_graphs`) unless t
 with ``enforce_eager``; attention always spans a bucketed cache length with a mask, so its cost and
 plan do not follow every new length (a windowed layer too: its window is a mask over that span).
 On a CPU, a bfloat16 forward of one token per row attends each query as a pair
-(:data:`PAIR_SINGLE_QUERIES`).
+(:data:`PAIR_SINGLE_QUERIES`). ``deterministic`` (CPU only) computes every row with the batch-invariant
+products and attention of :mod:`.deterministic`, over key lengths padded to its key blocks.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdec.argmax import argmax
+from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_pool_fits, to_device
 from specdec.models.cpu_linear import pack
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
+from specdec.models.deterministic import pad_keys, rows_linear
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
 from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, storage_rows, tree_mask, wide_bucket
 from specdec.models.hf import context_window
@@ -147,7 +150,12 @@ class FastLlamaLM(CausalLM):
     pads_rows = True
 
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
-                 pack_weights: bool = True) -> None:
+                 pack_weights: bool = True, deterministic: bool = False) -> None:
+        if deterministic and model.device.type != "cpu":
+            raise SpecDecError(
+                f"deterministic mode runs on a CPU only (its batch-invariant kernels are not written for "
+                f"{model.device.type}); load {name!r} with device='cpu' or without deterministic")
+        self.deterministic = deterministic
         config = model.config
         self.config = config
         self.name = name
@@ -223,6 +231,8 @@ class FastLlamaLM(CausalLM):
         else exactly ``needed``. Capped at ``capacity``."""
         if self.device.type == "cuda":
             return min(capacity, max(256, 1 << (needed - 1).bit_length()))
+        if self.deterministic:  # whole key blocks (a length past ``capacity`` is padded in the attention)
+            return min(capacity, pad_keys(wide_bucket(needed) if wide else needed))
         return min(capacity, wide_bucket(needed)) if wide else needed
 
     def grid(self, batch: ForwardBatch, cache: PagedKVPool) -> tuple[Grid, torch.Tensor | None]:
@@ -341,9 +351,10 @@ class FastLlamaLM(CausalLM):
         write, read = self._cache_access(g, cache, capturable)
         gqa = nkv != nh
         pair = width == 1 and self.pair_single_queries
+        det = self.deterministic
         for i in run:
             layer = self.layers[i]
-            q, k, v = self._attention_inputs(x, *layer.attention, *ropes[layer.rope], eps, nh, nkv, offset)
+            q, k, v = self._attention_inputs(x, *layer.attention, *ropes[layer.rope], eps, nh, nkv, offset, det)
             keys, values = cache.keys[i], cache.values[i]
             write(keys, k)
             write(values, v)
@@ -351,13 +362,17 @@ class FastLlamaLM(CausalLM):
             keys, values = read(keys, 0), read(values, 1)
             if first:  # a single query's window: only its entries are read
                 keys, values = keys[:, :, first:], values[:, :, first:]
-            attn = attend(q, keys, values, mask, self.scale, gqa, pair, spec.attn_softcap)
+            attn = attend(q, keys, values, mask, self.scale, gqa, pair, spec.attn_softcap, det)
             if layer.experts is None:
-                x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act)
+                x = self._attention_output_and_mlp(x, attn, *layer.output, eps, offset, act, det)
             else:
-                x, h = self._attention_output(x, attn, *layer.output, eps, offset)
-                experts = self._dense_experts if capturable else routed_experts
-                x = x + experts(h, *layer.experts, spec.top_k, spec.norm_topk, spec.float32_route_weights, act)
+                x, h = self._attention_output(x, attn, *layer.output, eps, offset, det)
+                if capturable:
+                    x = x + self._dense_experts(h, *layer.experts, spec.top_k, spec.norm_topk,
+                                                spec.float32_route_weights, act)
+                else:
+                    x = x + routed_experts(h, *layer.experts, spec.top_k, spec.norm_topk,
+                                           spec.float32_route_weights, act, det)
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
@@ -369,7 +384,9 @@ class FastLlamaLM(CausalLM):
     def head(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final norm and output head: ``[M, H]`` -> logits ``[M, V]`` (``[M, V']`` scored with ``rows``
         ``[V', H]`` of the head instead of all of it), soft-capped where the family caps its logits."""
-        logits = F.linear(self.final_hidden(x), self.lm_head if rows is None else rows)
+        weight = self.lm_head if rows is None else rows
+        x = self.final_hidden(x)
+        logits = rows_linear(F.linear, x, weight) if self.deterministic else F.linear(x, weight)
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

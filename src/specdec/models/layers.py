@@ -7,6 +7,8 @@ a small model's step is bound by per-call cost. A dense layer's matrix products 
 :func:`~.cpu_linear.linear` (a oneDNN-prepacked weight on a CPU in bfloat16, else ``F.linear``).
 Under CUDA graphs :mod:`.fast_llama` compiles the first and the last two with torch.compile; every
 argument that is not a tensor is a constant there (dims, eps, flags, the activation's name).
+``deterministic`` (the backend's batch-invariant mode) selects :mod:`.deterministic`'s matrix products
+and attention.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.models import deterministic as det
 from specdec.models.cpu_linear import linear
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, deterministic: bool) -> torch.Tensor:
+    """:func:`~.cpu_linear.linear`, with ``deterministic`` as :func:`~.deterministic.rows_linear` computes it."""
+    return det.rows_linear(linear, x, weight, bias) if deterministic else linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
@@ -50,13 +58,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def attention_inputs(
     x: torch.Tensor, norm: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
     qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float, num_heads: int,
-    num_kv_heads: int, offset: bool,
+    num_kv_heads: int, offset: bool, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Norm, fused q/k/v projection, per-head q/k norms (``qk_norm`` ``[heads + kv_heads, 1, head_dim]``
     or None) and rotary embedding of ``x`` ``[R, T, H]``: returns ``q`` ``[R, heads, T, head_dim]`` and the
     new keys and values ``[R, kv_heads, T, head_dim]``."""
     rows, width = x.shape[:2]
-    qkv = linear(rms_norm(x, norm, eps, offset), qkv_weight, qkv_bias)
+    qkv = _linear(rms_norm(x, norm, eps, offset), qkv_weight, qkv_bias, deterministic)
     head_dim = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     qk, v = qkv.view(rows, width, num_heads + 2 * num_kv_heads, head_dim).transpose(1, 2).split_with_sizes(
         (num_heads + num_kv_heads, num_kv_heads), dim=1)
@@ -67,12 +75,15 @@ def attention_inputs(
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           gqa: bool, pair: bool, softcap: float | None = None) -> torch.Tensor:
+           gqa: bool, pair: bool, softcap: float | None = None, deterministic: bool = False) -> torch.Tensor:
     """Scaled dot-product attention of ``q`` ``[R, heads, T, head_dim]`` over ``keys`` and ``values``
     ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` bool or None). ``pair`` (``T = 1`` only): the
     query is attended as two copies of itself and the first answer kept (see
     :data:`~.fast_llama.PAIR_SINGLE_QUERIES`). ``softcap``: scores become ``c * tanh(s / c)`` before the
-    mask (Gemma 2), which SDPA cannot do: computed explicitly, softmax in float32 as transformers does."""
+    mask (Gemma 2), which SDPA cannot do: computed explicitly, softmax in float32 as transformers does.
+    ``deterministic``: :func:`.deterministic.attend` (``pair`` is then moot)."""
+    if deterministic:
+        return det.attend(q, keys, values, mask, scale, softcap)
     if softcap is not None:
         return _softcapped(q, keys, values, mask, scale, softcap)
     if pair:
@@ -100,12 +111,12 @@ def _softcapped(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask:
 
 def attention_output(
     x: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
-    out_norm: torch.Tensor | None, mlp_norm: torch.Tensor, eps: float, offset: bool,
+    out_norm: torch.Tensor | None, mlp_norm: torch.Tensor, eps: float, offset: bool, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output projection (then the post-attention norm, if any) and residual, then the MLP's input norm.
     ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``; returns the residual stream and the MLP's input."""
     rows, width = x.shape[:2]
-    out = linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias)
+    out = _linear(attn.transpose(1, 2).reshape(rows, width, -1), o_weight, o_bias, deterministic)
     if out_norm is not None:
         out = rms_norm(out, out_norm, eps, offset)
     x = x + out
@@ -116,23 +127,24 @@ def attention_output_and_mlp(
     x: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
     out_norm: torch.Tensor | None, mlp_norm: torch.Tensor, gate_up_weight: torch.Tensor,
     gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor, down_bias: torch.Tensor | None,
-    mlp_out_norm: torch.Tensor | None, eps: float, offset: bool, act: str,
+    mlp_out_norm: torch.Tensor | None, eps: float, offset: bool, act: str, deterministic: bool = False,
 ) -> torch.Tensor:
     """The rest of a dense decoder layer: :func:`attention_output`, the gated MLP (``act(gate) * up``),
     its output norm if any, and the residual. ``x`` ``[R, T, H]``, ``attn`` ``[R, heads, T, head_dim]``."""
-    x, h = attention_output(x, attn, o_weight, o_bias, out_norm, mlp_norm, eps, offset)
-    gate, up = linear(h, gate_up_weight, gate_up_bias).chunk(2, -1)
-    out = linear(activation(gate, act) * up, down_weight, down_bias)
+    x, h = attention_output(x, attn, o_weight, o_bias, out_norm, mlp_norm, eps, offset, deterministic)
+    gate, up = _linear(h, gate_up_weight, gate_up_bias, deterministic).chunk(2, -1)
+    out = _linear(activation(gate, act) * up, down_weight, down_bias, deterministic)
     if mlp_out_norm is not None:
         out = rms_norm(out, mlp_out_norm, eps, offset)
     return x + out
 
 
-def route(h: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(h: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool, deterministic: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router of a mixture of experts over tokens ``h`` ``[N, H]`` (``router`` ``[E, H]``): softmax in
     float32, the ``top_k`` most probable experts, renormalised over them if ``norm_topk``. Returns
     their weights (float32) and indices, ``[N, top_k]`` each."""
-    probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
+    probs = torch.softmax(_linear(h, router, None, deterministic), dim=-1, dtype=torch.float32)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -149,7 +161,7 @@ def _weighted(out: torch.Tensor, weights: torch.Tensor, float32_weights: bool) -
 
 def routed_experts(
     h: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int, norm_topk: bool,
-    float32_weights: bool, act: str,
+    float32_weights: bool, act: str, deterministic: bool = False,
 ) -> torch.Tensor:
     """A mixture of experts over ``h`` ``[R, T, H]``: :func:`route`, then each token's experts (``gate_up``
     ``[E, 2 I, H]``, ``down`` ``[E, H, I]``) weighted and summed in ascending expert order, as transformers.
@@ -158,7 +170,7 @@ def routed_experts(
     in a CUDA graph; :func:`dense_experts` can."""
     shape = h.shape
     flat = h.reshape(-1, shape[-1])
-    weights, experts = route(flat, router, top_k, norm_topk)
+    weights, experts = route(flat, router, top_k, norm_topk, deterministic)
     order = experts.flatten().argsort(stable=True)  # (token, choice) pairs grouped by expert
     counts = torch.bincount(experts.flatten(), minlength=gate_up.shape[0]).tolist()
     tokens, choice_weights = order // top_k, weights.flatten()[order]
@@ -167,8 +179,8 @@ def routed_experts(
     for expert, count in enumerate(counts):
         if count:
             picked = tokens[start : start + count]
-            gate, up = F.linear(flat[picked], gate_up[expert]).chunk(2, -1)
-            result = F.linear(activation(gate, act) * up, down[expert])
+            gate, up = _linear(flat[picked], gate_up[expert], None, deterministic).chunk(2, -1)
+            result = _linear(activation(gate, act) * up, down[expert], None, deterministic)
             out.index_add_(0, picked, _weighted(result, choice_weights[start : start + count, None], float32_weights))
             start += count
     return out.view(shape)

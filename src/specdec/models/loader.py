@@ -124,29 +124,31 @@ _FAST_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 :func:`_fast_backend`); an entry goes with its model."""
 
 
-def _fast_backend(model: PreTrainedModel, name: str, use_cuda_graphs: bool) -> FastLlamaLM:
+def _fast_backend(model: PreTrainedModel, name: str, use_cuda_graphs: bool, deterministic: bool = False) -> FastLlamaLM:
     r"""The fast backend over ``model``: one per loaded model and graph setting, shared by every ``LLM``
     built over the same model object. A backend owns copies of most of its model's weights (fused q/k/v
     and gate/up, CPU-packed o and down: about the model's size again) and holds no state a forward
     changes (the KV pools, and the graphs captured over them, are each ``LLM``'s own), so ten ``LLM``\ s
     over one target (``specdec bench`` builds one per method) cost one backend, not ten."""
     built = _FAST_BACKENDS.setdefault(model, {})
-    key = (use_cuda_graphs, model.dtype, str(model.device))
+    key = (use_cuda_graphs, model.dtype, str(model.device), deterministic)
     if key not in built:
-        built[key] = FastLlamaLM(model, name, use_cuda_graphs=use_cuda_graphs)
+        built[key] = FastLlamaLM(model, name, use_cuda_graphs=use_cuda_graphs, deterministic=deterministic)
     return built[key]
 
 
 def load_causal_lm(
     source: ModelSource, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-    backend: str = "auto", enforce_eager: bool = False,
+    backend: str = "auto", enforce_eager: bool = False, deterministic: bool = False,
 ) -> CausalLM:
     """Load a model and wrap it in a backend.
 
     ``backend``: ``"fast"`` (static-pool forward of the families in :mod:`specdec.models.families`;
     an error for other architectures), ``"hf"`` (transformers' own forward with a cropped
     ``DynamicCache``), or ``"auto"`` (fast where supported, else hf). ``enforce_eager``: no CUDA graphs (the fast
-    backend captures them on CUDA by default).
+    backend captures them on CUDA by default). ``deterministic``: the fast backend's batch-invariant mode
+    (:mod:`specdec.models.deterministic`; CPU only); a model the fast backend cannot run, or
+    ``backend="hf"``, is then a :class:`SpecDecError` (transformers' forward is not batch-invariant).
     """
     if backend not in BACKENDS:
         raise SpecDecError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -154,8 +156,12 @@ def load_causal_lm(
     reason = unsupported_reason(model.config)
     if backend == "fast" and reason:
         raise SpecDecError(f"the fast backend cannot run {name!r}: {reason}")
+    if deterministic and (backend == "hf" or reason):
+        why = "backend 'hf' was chosen" if backend == "hf" else f"the fast backend cannot run it: {reason}"
+        raise SpecDecError(f"deterministic mode needs the fast backend, and {name!r} would run on transformers' "
+                           f"forward ({why}), whose results depend on the batch")
     if backend == "fast" or (backend == "auto" and reason is None):
-        return _fast_backend(model, name, use_cuda_graphs=not enforce_eager)
+        return _fast_backend(model, name, use_cuda_graphs=not enforce_eager, deterministic=deterministic)
     why = f"the fast backend does not run it: {reason}" if backend == "auto" else "backend 'hf' was chosen"
     return HFCausalLM(model, name, backend_reason=why)
 
@@ -169,7 +175,7 @@ def backend_line(lm: CausalLM) -> str:
         if lm.replay:
             line += ", recurrent state re-fed on rollback"
         return f"{line}: {lm.backend_reason}" if lm.backend_reason else line
-    return f"backend: fast ({dtype})"
+    return f"backend: fast ({dtype}, deterministic)" if lm.deterministic else f"backend: fast ({dtype})"
 
 
 def load_tokenizer(source: ModelSource, required: bool):

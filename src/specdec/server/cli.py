@@ -131,7 +131,8 @@ def run_serve(args: argparse.Namespace) -> int:
                       max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                       enable_chunked_prefill=args.enable_chunked_prefill,
                       max_num_batched_tokens=args.max_num_batched_tokens,
-                      kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching)
+                      kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+                      deterministic=args.deterministic)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     if settings is not None:
         app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,

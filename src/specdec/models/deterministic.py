@@ -1,0 +1,98 @@
+"""The fast backend's batch-invariant arithmetic: each row's result does not depend on how many rows,
+tokens or keys a forward has, nor on the row's place in it (``LLM(..., deterministic=True)``).
+
+What is not batch-invariant by default, measured on the 2-core AMD EPYC (Zen 4, avx512_bf16,
+torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` of a forward over
+``M`` rows compared bit for bit with the same row computed alone:
+
+- **matrix products**: in bfloat16 (oneDNN-prepacked and plain ``F.linear``) one row (``M = 1``)
+  takes a different reduction than two or more rows once the reduced width exceeds 1024 (every
+  1b-shape matrix, the output head included: 1 to 4 of 4 probe rows differ by an ulp); every ``M``
+  from 2 to 3072 gives the same bits for a row, at any place in the batch. In float32 and float64
+  (MKL) ``M`` of 1 to 3 each differ from ``M >= 4``, and the last ``M mod 4`` rows of a larger ``M``
+  take another kernel too; over any multiple of 4 rows every row has the same bits (both with 1 and
+  2 threads). Fix: :func:`rows_linear` gives every product a multiple of :data:`ROW_TILE` rows
+  (memory-bound small products cost about the same for 1 and 4 rows: the weights are read once).
+- **attention** (torch's CPU flash SDPA): a query's output changes with the number of queries
+  (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
+  or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
+  explicit attention over fixed blocks of :data:`KEY_BLOCK` keys at fixed offsets, in float32, the
+  blocks combined in ascending order: every product reduces over ``head_dim`` or one block.
+- **RMSNorm, rotary, activations, residuals, the argmax**: per row already (no difference measured).
+
+The logits stay in the model's dtype (an argmax over identical logits is identical, ties included);
+sampling reads each row's logits with its own generator, so it needs nothing more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KEY_BLOCK = 64
+"""Keys per block of :func:`attend`; the attended key length is padded to a multiple of it."""
+
+ROW_TILE = 4
+"""Every matrix product is given a multiple of this many rows (the missing ones are copies of the first)."""
+
+
+def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
+    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``) computed over a multiple of
+    :data:`ROW_TILE` rows: the rows are padded with copies of the first and only theirs kept.
+    Returns ``[..., out]``."""
+    width = x.shape[-1]
+    count = x.numel() // width
+    if count % ROW_TILE == 0:
+        return fn(x, *args)
+    flat = x.reshape(count, width)
+    padded = torch.cat([flat, flat[:1].expand(ROW_TILE - count % ROW_TILE, -1)])
+    return fn(padded, *args)[:count].view(*x.shape[:-1], -1)
+
+
+def pad_keys(key_len: int) -> int:
+    """The attended key length :func:`attend` computes over for ``key_len`` keys."""
+    return -(-key_len // KEY_BLOCK) * KEY_BLOCK
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float | None = None) -> torch.Tensor:
+    """Scaled dot-product attention of ``q`` ``[R, heads, T, head_dim]`` over ``keys`` and ``values``
+    ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` bool or None: all visible), with a
+    reduction order fixed per query: scores in float32 (products over ``head_dim``), masked, the
+    row's maximum subtracted (a maximum is exact in any order), then per block of :data:`KEY_BLOCK`
+    keys at offsets ``0, 64, ...`` the exponentials' sum and their product with the values, and the
+    blocks summed in ascending order (a masked key adds an exact zero, so keys past the query's last
+    visible one change nothing). ``K`` not a multiple of the block is padded (masked zeros).
+    The query rows (``heads // kv_heads * T`` per KV head) are padded to a multiple of :data:`ROW_TILE`.
+    ``softcap``: scores become ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T, head_dim]``
+    in ``q``'s dtype."""
+    rows, heads, width, head_dim = q.shape
+    kv_heads, key_len = keys.shape[1], keys.shape[2]
+    padded = pad_keys(key_len)
+    if mask is None:
+        mask = torch.ones(rows, 1, width, key_len, dtype=torch.bool, device=q.device)
+    if padded != key_len:
+        extra = padded - key_len
+        keys, values = F.pad(keys, (0, 0, 0, extra)), F.pad(values, (0, 0, 0, extra))
+        mask = F.pad(mask, (0, extra), value=False)
+    group = heads // kv_heads  # query head h reads kv head h // group
+    queries = group * width
+    if queries % ROW_TILE:  # a partial row tile takes other kernels: pad with copies of the first query
+        more = next(t for t in range(width + 1, width + ROW_TILE + 1) if group * t % ROW_TILE == 0) - width
+        q = torch.cat([q, q[:, :, :1].expand(-1, -1, more, -1)], dim=2)
+        mask = torch.cat([mask, mask[:, :, :1].expand(-1, -1, more, -1)], dim=2)
+        return attend(q, keys, values, mask, scale, softcap)[:, :, :width]
+    grouped = q.reshape(rows, kv_heads, queries, head_dim).float()
+    scores = torch.matmul(grouped, keys.float().transpose(2, 3)) * scale  # [R, kvh, G*T, K]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    visible = mask[:, :, None].expand(rows, 1, group, width, padded).reshape(rows, 1, queries, padded)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    blocks = padded // KEY_BLOCK
+    weights = weights.view(rows, kv_heads, queries, blocks, KEY_BLOCK)
+    total = weights.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # [R, kvh, G*T, 1], blocks in order
+    per_block = torch.matmul(weights.transpose(2, 3),  # [R, kvh, blocks, G*T, B] @ [R, kvh, blocks, B, D]
+                             values.float().view(rows, kv_heads, blocks, KEY_BLOCK, head_dim))
+    out = per_block.cumsum(dim=2)[:, :, -1] / total  # [R, kvh, G*T, D]
+    return out.view(rows, heads, width, head_dim).to(q.dtype)
