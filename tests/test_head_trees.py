@@ -86,22 +86,25 @@ def brute_force_tree(module, target, context: tuple[int, ...], k: int, r: int) -
 
 
 def _recorder(llm, k: int, records: dict, first_step_only: bool = False):
-    """Wrap eagle's ``propose``: per full-budget row, its context -> (tree tokens, parents, its pool entries)."""
+    """Wrap eagle's ``propose``: per full-budget row, its context -> (tree tokens, parents, its pool entries);
+    ``first_step_only``: only each sequence's first step (prompts fed in chunks start on different steps)."""
     drafter = llm.engine.drafter
-    propose, calls = drafter.propose, []
+    propose, started = drafter.propose, set()
 
     def recording(seqs, ks, sampling):
         draft = propose(seqs, ks, sampling)
-        calls.append(len(seqs))
-        if first_step_only and len(calls) > 1:
-            return draft
         pool = drafter.cache
         for b, s in enumerate(seqs):
+            first = s.request_id not in started
+            started.add(s.request_id)
+            if first_step_only and not first:
+                continue
             n = draft.num_draft[b]
             if ks[b] != k or n == 0:
                 continue
             length = pool.lengths[s.slot]
-            entries = torch.cat([part[s.slot, :, :length] for part in (*pool.keys, *pool.values)])
+            rows = pool.rows_of(s.slot, 0, length)  # through the slot's block table
+            entries = torch.cat([part[rows] for part in (*pool.keys, *pool.values)])
             records[tuple(s.token_ids)] = (draft.tokens[b, :n].tolist(), draft.parents[b, :n].tolist(), entries.clone())
         return draft
 
