@@ -102,6 +102,13 @@ def test_expand_methods_runs_plain_first_and_speculative_methods_once_per_k():
         MethodSpec("ngram")
 
 
+def test_transformers_peers_run_only_at_integer_k():
+    labels = [s.label for s in expand_methods(["draft_model", "hf_assisted"], [4, "auto"])]
+    assert labels == ["plain", "draft_model k=4", "draft_model k=auto", "hf_assisted k=4"]
+    with pytest.raises(SpecDecError, match="hf_assisted runs transformers at a fixed k"):
+        expand_methods(["hf_assisted"], ["auto"])
+
+
 def test_catalogue_is_plain_the_drafter_registry_and_the_peers(extra_drafters):
     catalogue = methods()
     assert list(catalogue) == ["plain", *DRAFTERS, *PEERS]

@@ -132,7 +132,13 @@ def expand_methods(names: Sequence[str], ks: Sequence[int],
     for name in dict.fromkeys(names):
         if name == REFERENCE:
             continue
-        if catalogue[name].speculative:
+        if catalogue[name].peer and catalogue[name].speculative:  # transformers has no auto k: integer ks only
+            fixed = [k for k in ks if k != AUTO]
+            if not fixed:
+                raise SpecDecError(f"{name} runs transformers at a fixed k and has no 'auto'; give an integer "
+                                   "--k beside auto (e.g. --k 4 auto), or use hf_assisted_default")
+            specs.extend(MethodSpec(name, k) for k in fixed)
+        elif catalogue[name].speculative:
             specs.extend(MethodSpec(name, k, overrides=configs.get(name)) for k in _ks_of(configs.get(name), ks))
         else:
             specs.append(MethodSpec(name))
