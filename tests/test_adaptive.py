@@ -139,6 +139,18 @@ def test_choose_ks_equals_scoring_every_width_and_count(padded):
         assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded, proposing), rel=1e-9)
 
 
+def bernoulli_accepted(ks: list[int], alpha: float, rng: random.Random) -> list[int]:
+    """Accepted drafts per row when each of a row's ``k`` drafts is accepted with probability ``alpha``,
+    in order, until the first rejection."""
+    accepted = []
+    for k in ks:
+        a = 0
+        while a < k and rng.random() < alpha:
+            a += 1
+        accepted.append(a)
+    return accepted
+
+
 @dataclass
 class FakeSeq:
     request_id: str
@@ -154,12 +166,7 @@ def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: 
     chosen = []
     for _ in range(steps):
         ks = policy.choose(seqs, [max_k] * rows)
-        accepted = []
-        for k in ks:
-            a = 0
-            while a < k and rng.random() < alpha:
-                a += 1
-            accepted.append(a)
+        accepted = bernoulli_accepted(ks, alpha, rng)
         width = max(ks)
         target, draft = step_seconds(rows + sum(ks), width)
         policy.observe(seqs, ks, accepted, StepCost(rows + sum(ks), width, target, draft))

@@ -19,8 +19,7 @@ from test_heads import (  # noqa: F401 - llama, references, sharp_pair: module f
     sharp_pair,
 )
 from test_sampling_exactness import PROMPT, assert_matches_target
-from test_train import MODULES
-from test_train import _module_source as module_source
+from test_train import tiny_head_training
 
 from specdec import LLM, SamplingParams
 from specdec.drafters.heads.common import CONFIG_FILE, spec_for
@@ -133,14 +132,8 @@ def test_train_eagle_with_feature_layers(text_model_dirs, tmp_path, capsys):
     refused for other methods and out-of-range layers are a one-line error."""
     from specdec.train.cli import main
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name in MODULES:
-        (corpus / f"{name}.py").write_text(module_source(name))
     out = tmp_path / "eagle3"
-    common = ["--target", str(text_model_dirs["target"]), "--corpus", str(corpus), "--preset", "tiny",
-              "--max-steps", "2", "--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1",
-              "--acceptance-prompts", "2", "--acceptance-tokens", "6", "--cache-dir", str(tmp_path / "cache")]
+    common = tiny_head_training(tmp_path, text_model_dirs["target"])
     assert main(["eagle", "--out", str(out), "--feature-layers", "1,-1", "--feature-weight", "0.5", *common]) == 0
     config = json.loads((out / CONFIG_FILE).read_text())
     layers = config["feature_layers"]

@@ -4,27 +4,21 @@ one row, off at a saturated batch, on again when the load falls), a vLLM-style
 are reported by batch size in the engine's metrics and the server's ``/metrics``."""
 
 import random
-from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_adaptive import FakeSeq, bernoulli_accepted
 
 from specdec import LLM, SamplingParams
 from specdec.adaptive import AdaptiveK
 from specdec.drafters.base import SpeculativeConfig
 from specdec.errors import SpecDecError
 from specdec.k_schedule import ScheduledK
-from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.metrics import BatchMetrics
 from specdec.server.metrics import ServerMetrics
 from specdec.step_cost import StepCost
 
 PROMPTS = [[3, 5, 7, 3, 5, 7, 11, 3, 5], [42, 1, 17, 29, 8, 64, 2], [7, 8], [90, 91, 90, 91, 90], [1, 2, 3]]
-
-
-@dataclass
-class FakeSeq:
-    request_id: str
-    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
 def test_auto_k_follows_the_load():
@@ -38,12 +32,7 @@ def test_auto_k_follows_the_load():
         chosen = []
         for _ in range(300):
             ks = policy.choose(seqs, [max_k] * rows)
-            accepted = []
-            for k in ks:
-                a = 0
-                while a < k and rng.random() < alpha:
-                    a += 1
-                accepted.append(a)
+            accepted = bernoulli_accepted(ks, alpha, rng)
             fed = rows + sum(ks)
             policy.observe(seqs, ks, accepted, StepCost(fed, max(ks), 0.002 + 0.0002 * fed, 0.0005 * max(ks)))
             chosen.append(ks)

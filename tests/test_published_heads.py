@@ -419,19 +419,12 @@ def test_a_head_trained_in_the_eagle3_format_round_trips(model_dirs, llama, tmp_
 def test_train_eagle_format_eagle3(text_model_dirs, tmp_path):
     """``specdec train eagle --format eagle3`` writes a published EAGLE-3 folder that the eagle3 method loads and
     decodes with; the option is refused for other methods and with eagle-only regression options."""
-    from test_train import MODULES
-    from test_train import _module_source as module_source
+    from test_train import tiny_head_training
 
     from specdec.train.cli import main
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name in MODULES:
-        (corpus / f"{name}.py").write_text(module_source(name))
     out = tmp_path / "eagle3"
-    common = ["--target", str(text_model_dirs["target"]), "--corpus", str(corpus), "--preset", "tiny",
-              "--max-steps", "2", "--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1",
-              "--acceptance-prompts", "2", "--acceptance-tokens", "6", "--cache-dir", str(tmp_path / "cache")]
+    common = tiny_head_training(tmp_path, text_model_dirs["target"])
     assert main(["eagle", "--out", str(out), "--format", "eagle3", *common]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "target_fingerprint" not in config

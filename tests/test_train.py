@@ -26,6 +26,18 @@ torch.set_num_threads(1)
 MODULES = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 
 
+def tiny_head_training(tmp_path, target) -> list[str]:
+    """A corpus of :data:`MODULES` under ``tmp_path`` and the ``specdec train`` options that train a head on
+    it in a few steps (tiny preset) against ``target``."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in MODULES:
+        (corpus / f"{name}.py").write_text(_module_source(name))
+    return ["--target", str(target), "--corpus", str(corpus), "--preset", "tiny",
+            "--max-steps", "2", "--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1",
+            "--acceptance-prompts", "2", "--acceptance-tokens", "6", "--cache-dir", str(tmp_path / "cache")]
+
+
 def _module_source(name: str) -> str:
     parts = [f'"""The {name} module."""\n\nimport os\n']
     for i in range(6):
