@@ -197,7 +197,8 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_the_survivor
     pids = replicas.replica_pids()
     assert len(pids) == 2, pids
     results: list = [None] * 6
-    body = {"prompt": "def sort(items):", "max_tokens": 120, "ignore_eos": True}
+    # long enough that all six are seen running: each replica's metrics reach the proxy every 2 s
+    body = {"prompt": "def sort(items):", "max_tokens": 400, "ignore_eos": True}
     threads = [threading.Thread(target=_stream, args=(replicas.root, body, results, i)) for i in range(6)]
     for t in threads:
         t.start()
