@@ -110,8 +110,9 @@ class Engine:
         lookup = self.cache.caches_prefixes and not self.hidden_layers
         budget = None if num_tokens is None else {id(s): n for s, n in zip(seqs, num_tokens)}
         done: list[Sequence] = []
+        todo = seqs
         while True:
-            active = self._start(seqs, lookup)
+            active = self._start(todo, lookup)
             left = [len(s.token_ids) - 1 - self.cache.lengths[s.slot] for s in active]
             counts = left if budget is None else [min(budget[id(s)], n) for s, n in zip(active, left)]
             rows = [(s, n) for s, n in zip(active, counts) if n > 0]
@@ -130,10 +131,12 @@ class Engine:
             ready = [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
             self._start_drafter(ready)
             done += ready
-            waiting = [s for s in seqs if s.request_id not in self._prefilling and all(s is not d for d in done)]
+            # not started yet (a started one is being fed or, once ready, done): waited for a shared first block
+            finished = {id(s) for s in done}
+            waiting = [s for s in todo if s.request_id not in self._prefilling and id(s) not in finished]
             if budget is not None or not waiting or not ready:
                 break
-            seqs = waiting  # fed whole: the sequences that waited for a shared first block go next
+            todo = waiting  # fed whole: the sequences that waited for a shared first block go next
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
         self.metrics.time_prefill += seconds
