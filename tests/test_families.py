@@ -19,7 +19,16 @@ import functools
 import pytest
 import torch
 from helpers import FAMILY_ARCHS, WINDOW, build_model
-from test_forward_contract import LAYERS, TOL, ancestors_mask, depths, prefill, reference_chain, tree_batch
+from test_forward_contract import (
+    LAYERS,
+    TOL,
+    ancestors_mask,
+    depths,
+    forward_matches_chains,
+    prefill,
+    reference_chain,
+    tree_batch,
+)
 from transformers import Gemma3TextConfig, Phi3Config, Qwen2Config
 
 from specdec.models.base import ForwardBatch
@@ -56,16 +65,7 @@ def check_chains(arch, model, lm, tolerance):
                 3: ([11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 3, 5, 7, 2, 4, 6, 8, 10, 12], [53, 59])}
     prefill(lm, cache, {s: prefix for s, (prefix, _) in contexts.items()})
     order = [3, 0, 2]
-    batch = ForwardBatch.from_rows([contexts[s][1] for s in order], [len(contexts[s][0]) for s in order], order, CPU)
-    batch.hidden_layers = LAYERS
-    out = lm.forward(batch, cache)
-    offset = 0
-    for slot in order:
-        prefix, new = contexts[slot]
-        logits, hidden = reference_chain(model, prefix + new)
-        torch.testing.assert_close(out.logits[offset : offset + len(new)], logits[len(prefix) :], **tolerance)
-        torch.testing.assert_close(out.hidden[offset : offset + len(new)], hidden[len(prefix) :], **tolerance)
-        offset += len(new)
+    forward_matches_chains(lm, model, cache, contexts, order, tolerance)
     tokens = {s: contexts[s][0] + contexts[s][1] for s in order}
     for step in range(3):  # one row at a time: the single-row grid (one token, exact key length)
         for slot in order:

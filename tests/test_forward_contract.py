@@ -94,6 +94,24 @@ def reference_chain(model, tokens):
     return out.logits[0], torch.stack([h[0] for h in (out.hidden_states[i] for i in LAYERS)], dim=1)
 
 
+def forward_matches_chains(lm, model, cache, contexts: dict[int, tuple[list[int], list[int]]], order: list[int],
+                           tolerance: dict) -> None:
+    """One ragged forward (hidden states of :data:`LAYERS` kept) of each slot's new tokens, slots in ``order``
+    (``contexts``: slot -> (its cached prefix, its new tokens)); every row's logits and hidden states equal
+    transformers' over the slot's whole context."""
+    batch = ForwardBatch.from_rows([contexts[s][1] for s in order], [len(contexts[s][0]) for s in order], order, CPU)
+    batch.hidden_layers = LAYERS
+    out = lm.forward(batch, cache)
+    offset = 0
+    for slot in order:
+        prefix, new = contexts[slot]
+        logits, hidden = reference_chain(model, prefix + new)
+        torch.testing.assert_close(out.logits[offset : offset + len(new)], logits[len(prefix) :], **tolerance)
+        torch.testing.assert_close(out.hidden[offset : offset + len(new)], hidden[len(prefix) :], **tolerance)
+        offset += len(new)
+    assert offset == out.logits.shape[0]
+
+
 def prefill(lm, cache, prefixes: dict[int, list[int]]):
     """Cache each slot's prefix in one ragged forward with no logits."""
     slots = list(prefixes)
@@ -199,19 +217,9 @@ def test_ragged_chain_batch_matches_per_sequence_forward(arch_models, slots):
     free = ({0, 1, 2, 3} - set(slots)).pop()
     contexts[free] = ([], [6, 28, 49])
     order = [*slots, free]
-    batch = ForwardBatch.from_rows([contexts[s][1] for s in order], [len(contexts[s][0]) for s in order], order, CPU)
-    batch.hidden_layers = LAYERS
-    out = lm.forward(batch, cache)
-
-    offset = 0
+    forward_matches_chains(lm, model, cache, contexts, order, TOL)
     for slot in order:
-        prefix, new = contexts[slot]
-        logits, hidden = reference_chain(model, prefix + new)
-        torch.testing.assert_close(out.logits[offset : offset + len(new)], logits[len(prefix) :], **TOL)
-        torch.testing.assert_close(out.hidden[offset : offset + len(new)], hidden[len(prefix) :], **TOL)
-        assert cache.lengths[slot] == len(prefix) + len(new)
-        offset += len(new)
-    assert offset == out.logits.shape[0]
+        assert cache.lengths[slot] == len(contexts[slot][0]) + len(contexts[slot][1])
 
     # logits="last": one row per sequence, the same values.
     for slot in order:
