@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdec.adaptive import FAR_ABOVE, FAR_PROBES, AdaptiveK, choose_ks
+from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
 
@@ -185,3 +185,24 @@ def test_steps_no_row_may_draft_leave_the_probes_alone(pinned):
         assert world.metrics.num_speculation_off_steps == off
         world.run(seqs, 30)
     assert world.policy.probe_period == PROBE_EVERY * FAR_PROBES
+
+
+def test_probes_back_off_where_the_model_prices_them_far_below_plain():
+    """16 rows at α = 0.3 and a target forward costing 1 ms a token fed (compute-bound verification, as
+    at 16 rows on a 2-core CPU): speculation is off and a probe of 2 tokens a row costs about three
+    plain steps for 1.4 tokens a row, so the probes back off, the period doubling per probe up to
+    ``FAR_BELOW_PROBES`` periods. When the forward turns flat (a free verification), the next probe
+    measures it, and speculation returns within a few probes."""
+    clock = {"now": lambda rows, width: (0.001 * rows * (width + 1), 0.0)}
+    world = World(lambda rows, width: clock["now"](rows, width), alpha=0.3)
+    seqs = batch(16)
+    chosen = world.run(seqs, 1000)
+    assert all(ks == [0] * 16 for probe, ks in chosen[100:] if not probe)
+    probes = [step for step, (probe, _) in enumerate(chosen) if probe]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[-1] == PROBE_EVERY * FAR_BELOW_PROBES and all(b in (a, 2 * a) for a, b in zip(gaps, gaps[1:]))
+    assert len(probes) < 1000 // PROBE_EVERY // 3  # not one every PROBE_EVERY steps
+    world.alpha = 0.9
+    clock["now"] = lambda rows, width: (0.016 + 0.00001 * rows * width, 0.0)
+    back = world.run(seqs, 4 * PROBE_EVERY * FAR_BELOW_PROBES)
+    assert sum(any(ks) for _, ks in back[-100:]) > 90

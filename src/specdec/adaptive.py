@@ -51,7 +51,14 @@ cost line stay measured (a plain step timed within the period anyway, every row'
 proposed nothing, takes the plain probe's place); where the calibrated prediction below is more than ``FAR_ABOVE`` times
 plain decoding (far from switching speculation off), the plain probes back off, as each one gives up
 the tokens of a speculative step: the period doubles after each probe taken there (``FAR_PROBES``
-periods at most), and falls back to ``probe_every`` at the first step that is not far. The first
+periods at most), and falls back to ``probe_every`` at the first step that is not far. The
+speculative probes back off the same way (up to ``FAR_BELOW_PROBES`` periods) where speculation is
+off and the model (uncalibrated) predicts the probe itself below ``1 / FAR_ABOVE`` times plain
+decoding: at 16 rows on a 2-core CPU a probe of 2 tokens a row costs about three plain steps, and
+probing every 16 steps cost such a batch 8–9% (methods that never paid ran 0.91–0.92x plain at the
+``1b`` shape). The model alone decides it, as the probe's shape is measured after two probes: where
+only the calibration keeps speculation off (the model would speculate), the probes stay every
+``probe_every`` steps, as they are what moves the calibration back when speculating pays again. The first
 step of each shape (rows, tokens, width) is not timed (it pays
 one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
 prediction counts as that, and drafting right after a step without drafts (the drafter catching
@@ -105,6 +112,7 @@ PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anythi
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
+FAR_BELOW_PROBES = 8  # speculation off and a probe predicted below 1 / FAR_ABOVE: its period doubles up to this
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
 SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
@@ -190,6 +198,30 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             ks[b] += 1
             taken += 1
     return ks, best / plain
+
+
+def predicted_speedup(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool = False,
+                      proposing: list[float] | None = None) -> float:
+    """The predicted tokens per second of a step drafting ``ks[b]`` tokens on row ``b`` over a plain step
+    of the same rows (1 where nothing is drafted); ``rates``, ``cost``, ``padded`` and ``proposing`` as in
+    :func:`choose_ks`, whose choice this prices (a fractional number of tokens fed is interpolated)."""
+    rows, width = len(ks), max(ks, default=0)
+    if not width:
+        return 1.0
+    proposing = proposing or [1.0] * rows
+    tokens, fed = float(rows), float(rows)
+    for b, k in enumerate(ks):
+        survive = 1.0
+        for i in range(k):
+            survive *= rates[b][i]
+            tokens += proposing[b] * survive
+        fed += proposing[b] * k
+    if padded:
+        fed = float(rows * (width + 1))
+    low = int(fed)
+    target = cost.target_seconds(low)
+    target += (fed - low) * (cost.target_seconds(low + 1) - target)
+    return tokens / cost.with_drafting(target, width) * cost.target_seconds(rows) / rows
 
 
 def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel,
@@ -346,25 +378,29 @@ class AdaptiveK:
             return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
         pool = self.pool.rates(self.prior)
         rates = [self._acceptance(s).rates(pool) for s in seqs]
-        scale = self.drafting_scale(len(seqs))
+        model, scale = cost, self.drafting_scale(len(seqs))
         if scale is not None:
             cost = replace(cost, drafting_scale=scale)
         pooled = self.pool_proposals.rate(1.0)
         proposing = [self._proposing(s).rate(pooled) for s in seqs]
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing)
-        far = scale is not None and self.last_speedup > FAR_ABOVE
+        far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
+        probe = [min(PROBE_DRAFT, limit) for limit in limits]
+        below = not any(ks) and predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
         if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
             self.held, self.held_rows = self.hold_period - 1, len(ks)
         else:
             self.hold_period, self.held = 1, 0
-        if not far:  # near switching off (or uncalibrated): probe every probe_every steps again
+        if not (far or below):  # near the switch (or uncalibrated): probe every probe_every steps again
             self.probe_period = self.probe_every
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe:  # invert the decision once
             if not any(ks):
-                ks = [min(PROBE_DRAFT, limit) for limit in limits]
+                ks = probe
+                if below:
+                    self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
             elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:
                 ks = [0] * len(ks)
                 if far:
