@@ -16,7 +16,7 @@ from helpers import build_model
 from scipy.stats import chisquare
 
 import specdec.verify
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, keyed_noise
 from specdec.sampling import logits_to_probs
 
 VOCAB = 12
@@ -171,3 +171,35 @@ def test_draft_differs_from_target(pair):
     assert 0.2 < overlap < 0.8, f"acceptance probability {overlap:.2f} makes the test blunt"
     distance = 0.5 * (specdec.verify.residual_distribution(p, q) - p).abs().sum().item()
     assert distance > 0.2, f"the residual is too close to p ({distance:.2f}) to catch a wrong one"
+
+
+KEYED_CASES = [("draft_model", 2, (3, 2)), ("suffix", 2, (3, 2))]
+
+
+@pytest.mark.parametrize("method,k,max_tokens", KEYED_CASES, ids=[f"{m}-k{k}" for m, k, _ in KEYED_CASES])
+def test_keyed_sampling_matches_target(pair, method, k, max_tokens):
+    """The deterministic mode's keyed sampling (:mod:`specdec.keyed_noise`: the race's noise a function of
+    seed and token index, drafts kept when equal to the target's sample) is exact too."""
+    target, root = pair
+    spec = {"method": method, "num_speculative_tokens": k}
+    if method == "draft_model":
+        spec["model"] = str(root / "draft")
+    prompt = NGRAM_PROMPT if method in ("ngram", "suffix") else PROMPT
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16, deterministic=True)
+    assert_matches_target(target, llm, prompt, "keyed speculative", max_tokens)
+
+
+def test_broken_keyed_race_is_caught(pair, monkeypatch):
+    """A race over uniform noise instead of exponential noise is biased; the keyed test must see it."""
+    target, root = pair
+    exponential = keyed_noise.keyed_noise
+
+    def uniform_noise(keys, indices, vocab, dtype, device):
+        out = exponential(keys, indices, vocab, dtype, device)
+        return torch.where(out == 1.0, out, (1 - torch.exp(-out)).clamp_min(1e-30))  # Exp(1) -> U(0, 1)
+
+    monkeypatch.setattr(keyed_noise, "keyed_noise", uniform_noise)
+    spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 1}
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16, deterministic=True)
+    results = pvalues(target, llm, PROMPT, (2,))
+    assert any(pvalue < 1e-6 for pvalue in results), f"a wrong race went unnoticed ({results})"

@@ -65,14 +65,17 @@ class Engine:
     drafter); ``policy`` picks each row's k within it every step (default: always k; see
     :mod:`specdec.adaptive`). The engine owns the target's pool (``num_blocks`` blocks, None: every slot
     can be full; prefix caching with ``prefix_caching``); slots are assigned by the scheduler.
+    ``deterministic``: sampled rows draw noise keyed by seed and token index (:mod:`specdec.keyed_noise`), so a
+    seeded request's tokens do not depend on what was drafted.
     """
 
     def __init__(
         self, target: CausalLM, drafter: Drafter | None, num_speculative_tokens: int, num_slots: int,
         max_model_len: int, policy: FixedK | AdaptiveK | ScheduledK | None = None, num_blocks: int | None = None,
-        prefix_caching: bool = False,
+        prefix_caching: bool = False, deterministic: bool = False,
     ) -> None:
         self.target = target
+        self.deterministic = deterministic  # sampled rows draw keyed noise (:mod:`specdec.keyed_noise`)
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
         self.policy = policy if policy is not None and drafter is not None else FixedK(self.k)
@@ -210,7 +213,8 @@ class Engine:
         grammars = [s.grammar for s in seqs]
         constrained = any(g is not None for g in grammars)
         sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device,
-                                 grammars if constrained else None)
+                                 grammars if constrained else None,
+                                 [len(s.token_ids) for s in seqs] if self.deterministic else None)
 
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.

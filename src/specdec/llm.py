@@ -135,7 +135,9 @@ class LLM:
     (exact: outputs are the same with it or without it; see ``docs/serving.md``). ``deterministic``: the
     target computes every row with batch-invariant kernels (:mod:`specdec.models.deterministic`; fast
     backend on a CPU), so a request's tokens do not depend on the batch and greedy speculation equals
-    plain greedy decoding bit for bit in any dtype; a target that cannot run so raises
+    plain greedy decoding bit for bit in any dtype; sampled rows draw noise keyed by their seed and each
+    token's index (:mod:`specdec.keyed_noise`), so a seeded request's tokens are also those plain decoding
+    samples with that seed, whatever the method drafted; a target that cannot run so raises
     :class:`SpecDecError`.
     """
 
@@ -187,14 +189,14 @@ class LLM:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
                                   enforce_eager=enforce_eager, kv_blocks=num_blocks,
-                                  prefix_caching=enable_prefix_caching, deterministic=deterministic)
+                                  prefix_caching=enable_prefix_caching)
             drafter = create_drafter(speculative_config, self.target, options)
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size)
                   if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
-                             enable_prefix_caching)
+                             enable_prefix_caching, deterministic)
         self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
                                                                 max_num_seqs, self.device)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens)

@@ -151,11 +151,19 @@ class SamplingBatch:
     ``grammars[b]``: row ``b``'s grammar state under a constraint (None without one); ``grammars`` is None
     when no row is constrained, and then drafting does no constraint work at all
     (:meth:`constrain_draft`, :meth:`advance_draft`).
+
+    ``positions[b]`` (the deterministic mode): the index in its sequence of the token row ``b`` samples
+    next. Given, the batch is *keyed* (:mod:`specdec.keyed_noise`): a sampled row's noise for the token at
+    index ``t`` is a function of its generator's seed and ``t`` alone, not of how many numbers its
+    generator gave before, and verification matches drafts against those samples
+    (:func:`specdec.verify.verify_sampled`).
     """
 
     def __init__(self, params: list[SamplingParams], generators: list[torch.Generator | None],
-                 device: torch.device, grammars: list[GrammarState | None] | None = None) -> None:
+                 device: torch.device, grammars: list[GrammarState | None] | None = None,
+                 positions: list[int] | None = None) -> None:
         self.params, self.generators, self.device = list(params), list(generators), device
+        self.positions = None if positions is None else list(positions)
         self.grammars = grammars if grammars is not None and any(g is not None for g in grammars) else None
         self.greedy_rows = [p.greedy for p in self.params]
         self.all_greedy = all(self.greedy_rows)
@@ -197,11 +205,28 @@ class SamplingBatch:
     def select(self, rows: list[int]) -> SamplingBatch:
         """The sub-batch of ``rows``."""
         grammars = None if self.grammars is None else [self.grammars[r] for r in rows]
-        return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device, grammars)
+        positions = None if self.positions is None else [self.positions[r] for r in rows]
+        return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device,
+                             grammars, positions)
 
     def unconstrained(self) -> SamplingBatch:
         """The same rows without their constraints."""
-        return self if self.grammars is None else SamplingBatch(self.params, self.generators, self.device)
+        if self.grammars is None:
+            return self
+        return SamplingBatch(self.params, self.generators, self.device, positions=self.positions)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the noise is keyed by token index (the deterministic mode; see the class docstring)."""
+        return self.positions is not None
+
+    def shifted(self, offsets: list[int]) -> SamplingBatch:
+        """The same rows, row ``b`` sampling the token ``offsets[b]`` further on next (a drafter that emitted
+        tokens before drafting again, as the cascade's middle model does); unchanged when not keyed."""
+        if self.positions is None:
+            return self
+        return SamplingBatch(self.params, self.generators, self.device, self.grammars,
+                             [p + o for p, o in zip(self.positions, offsets)])
 
     @property
     def constrained(self) -> bool:
@@ -269,21 +294,35 @@ class SamplingBatch:
                 out[b, :count] = torch.rand(count, generator=gen, device=device, dtype=dtype)
         return out
 
-    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+    def sample(self, probs: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """One token per row of ``probs`` ``[B, V]`` -> ``[B]`` int64, exactly distributed as ``probs``.
 
         The exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. is distributed as ``p``;
-        each row draws its ``E`` from its own generator; greedy rows draw nothing and get the argmax.
+        each row draws its ``E`` from its own generator (keyed: the noise of the token ``offset`` past
+        its position); greedy rows draw nothing and get the argmax.
         """
-        return argmax(probs / self.noise(probs))
+        return argmax(probs / self.noise(probs, offset))
 
-    def noise(self, probs: torch.Tensor) -> torch.Tensor:
-        """``[B, V]`` exponential noise for the race (ones for greedy rows), positive."""
+    def noise(self, probs: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``[B, V]`` exponential noise for the race (ones for greedy rows), positive; keyed, that of the
+        token ``offset`` past each row's position."""
+        if self.positions is not None:
+            return self.keyed_noise([[offset]] * len(self.params), probs.shape[-1], probs.dtype)[:, 0]
         noise = torch.ones_like(probs)
         for b, gen in enumerate(self.generators):
             if not self.greedy_rows[b]:
                 noise[b].exponential_(generator=gen)
         return noise.clamp_min_(torch.finfo(probs.dtype).tiny)
+
+    def keyed_noise(self, offsets: list[list[int | None]], vocab: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[B, C, V]`` keyed noise (the batch is keyed): row ``b``'s column ``c`` that of the token
+        ``offsets[b][c]`` past its position (ones where None, and on greedy rows)."""
+        from specdec.keyed_noise import keyed_noise
+
+        keys = [gen.initial_seed() if gen is not None else 0 for gen in self.generators]
+        indices = [[None if greedy or o is None else position + o for o in row]
+                   for row, position, greedy in zip(offsets, self.positions, self.greedy_rows)]
+        return keyed_noise(keys, indices, vocab, dtype, self.device)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

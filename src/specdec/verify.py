@@ -269,7 +269,9 @@ def verify_sampled(
     sampling: SamplingBatch,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Exact verification of a sampled step, chains (``parents`` None) or trees, with each row's random
-    numbers drawn from its own generator (``sampling``): its uniforms first, then its noise.
+    numbers drawn from its own generator (``sampling``): its uniforms first, then its noise. A keyed batch
+    (the deterministic mode) keeps the drafts equal to the target's keyed samples instead
+    (:func:`keyed_winners`): exact too, and its tokens do not depend on the drafts.
 
     ``draft_tokens`` ``[B, K]``, ``num_draft`` ``[B]`` host ints, ``draft_probs`` ``[B, K, V]`` or None,
     ``target_probs`` ``[B, K+1, V]`` (``sampling.probs`` of the target's logits). Returns ``(output [B, K+1],
@@ -277,10 +279,40 @@ def verify_sampled(
     The engine verifies every sampled step with it, and the cascade's middle model its inner drafts.
     """
     device, width = draft_tokens.device, draft_tokens.shape[1]
-    uniforms = sampling.uniforms(num_draft, width, device, target_probs.dtype)
-    noise = sampling.noise(target_probs[:, 0])
     counts = to_device(num_draft, device)
+    if sampling.keyed:  # match the drafts against the target's keyed samples, as greedy rows match the argmax
+        target_probs = keyed_winners(num_draft, parents, target_probs, sampling)
+        draft_probs = None
+        uniforms = target_probs.new_zeros(len(num_draft), width)
+        noise = torch.ones_like(target_probs[:, 0])
+    else:
+        uniforms = sampling.uniforms(num_draft, width, device, target_probs.dtype)
+        noise = sampling.noise(target_probs[:, 0])
     if parents is not None:
         return verify_tree_stochastic(draft_tokens, parents, counts, draft_probs, target_probs, uniforms, noise)
     output, num_accepted = verify_stochastic(draft_tokens, counts, draft_probs, target_probs, uniforms, noise)
     return output, num_accepted, None
+
+
+def keyed_winners(num_draft: list[int], parents: torch.Tensor | None, target_probs: torch.Tensor,
+                  sampling: SamplingBatch) -> torch.Tensor:
+    """A keyed batch's target samples as one-hot distributions ``[B, K+1, V]``: column ``c`` of row ``b``
+    (its first ``num_draft[b] + 1`` columns) is one-hot on ``argmax(p / E)``, ``E`` the keyed noise of the
+    token it decides: ``c`` past the row's position on a chain, its node's depth on a tree
+    (:mod:`specdec.keyed_noise`). Verified with zero uniforms and unit noise, a draft is then kept exactly
+    when it equals that sample, and the token emitted after the kept ones is the sample: what plain decoding
+    samples at each index, whatever was drafted."""
+    if parents is None:
+        offsets = [list(range(n + 1)) for n in num_draft]
+    else:
+        offsets = []
+        for row, n in zip(parents.tolist(), num_draft):
+            depth = [0] * n  # node i's depth, 1 for a child of the root
+            for i in range(n):
+                depth[i] = 1 + (depth[row[i]] if row[i] >= 0 else 0)
+            offsets.append([0, *depth])
+    columns = target_probs.shape[1]
+    offsets = [row + [None] * (columns - len(row)) for row in offsets]
+    noise = sampling.keyed_noise(offsets, target_probs.shape[-1], target_probs.dtype)
+    winners = argmax(target_probs / noise)
+    return torch.nn.functional.one_hot(winners, target_probs.shape[-1]).to(target_probs.dtype)

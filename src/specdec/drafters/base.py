@@ -222,9 +222,7 @@ class LoadOptions:
     target's tokenizer (None when the target has none, used to check that they agree), the
     engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens, in ``kv_blocks`` blocks,
     None: enough for every slot to be full), whether pools cache prefixes (``prefix_caching``) and
-    whether CUDA graphs are off (``enforce_eager``); ``deterministic``: draft models load in
-    deterministic mode too (their probabilities then do not depend on the batch, so seeded sampling does not
-    either)."""
+    whether CUDA graphs are off (``enforce_eager``)."""
 
     device: torch.device
     backend: str
@@ -234,7 +232,6 @@ class LoadOptions:
     enforce_eager: bool = False
     kv_blocks: int | None = None
     prefix_caching: bool = False
-    deterministic: bool = False
 
 
 class Drafter(ABC):
@@ -369,7 +366,7 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
         token = argmax(logits)
     else:
         q = rows.probs(logits)
-        token = rows.sample(q)
+        token = rows.sample(q, column)  # keyed (deterministic mode): the noise of the token it guesses
         probs[index, column] = q
     tokens[index, column] = token
     rows.advance_draft(token)

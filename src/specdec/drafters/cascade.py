@@ -121,6 +121,7 @@ class CascadeDrafter(Drafter):
             if not active:
                 break
             rows = sampling if len(active) == len(seqs) else sampling.select(active)
+            rows = rows.shifted([len(made[b]) for b in active])  # keyed: the index each row drafts from now
             emitted, probs = self._inner_round([views[b] for b in active], [ks[b] - len(made[b]) for b in active],
                                                rows)
             for j, b in enumerate(active):

@@ -50,10 +50,12 @@ class DraftLM(Drafter):
 
     @staticmethod
     def load_model(config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> CausalLM:
-        """The draft ``config.model`` on the target's device and backend, in :func:`resolve_draft_dtype`'s dtype."""
+        """The draft ``config.model`` on the target's device and backend, in :func:`resolve_draft_dtype`'s dtype
+        (in default numerics in the deterministic mode too: what a draft proposes changes no emitted token,
+        greedy or keyed, only how many are kept)."""
         dtype = resolve_draft_dtype(config.dtype, target.dtype, options.device)
         return load_causal_lm(config.model, dtype=dtype, device=options.device, backend=options.backend,
-                              enforce_eager=options.enforce_eager, deterministic=options.deterministic)
+                              enforce_eager=options.enforce_eager)
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq.slot)
