@@ -5,13 +5,13 @@ tokens as alone, with every drafting method. A check run by hand (minutes), not 
 For each method, ``--requests`` requests (held-out code prompts, half greedy, half seeded sampling at
 T = 0.8 with top-p 0.95; 8 to 40 tokens each, end-of-sequence ignored) are generated
 
-- alone: the greedy ones with plain decoding (so speculation must equal plain decoding bit for bit),
-  the sampled ones with the method itself (a seeded request's tokens depend on what was drafted);
-- shuffled into random batches of 1 to 16 requests, each batch run through a random number of slots
-  (2 to 16), so that rows join and leave between steps (continuous batching).
+- alone, with plain decoding (the mode's speculation, greedy or sampled with keyed noise, must give
+  plain decoding's tokens bit for bit: ``specdec/keyed_noise.py``);
+- with the method, shuffled into random batches of 1 to 16 requests, each batch run through a random
+  number of slots (2 to 16), so that rows join and leave between steps (continuous batching).
 
-Every request's batched tokens are compared with its tokens alone; a difference is printed with the
-first position it differs at. ``--no-deterministic`` runs the same in the default mode, to show that
+Every request's batched tokens are compared with plain decoding's alone; a difference is printed
+with the first position it differs at. ``--no-deterministic`` runs the same in the default mode, to show that
 the comparison can fail. Exit status 1 when any request differs.
 
     PYTHONPATH=src python3 scripts/deterministic_compositions.py                    # every method, 200 requests
@@ -94,16 +94,14 @@ def main() -> int:
         return LLM(target, speculative_config=configs[name], dtype="bfloat16", max_num_seqs=slots,
                    deterministic=options.deterministic, enable_prefix_caching=False)
 
-    plain_alone = None
+    start = time.perf_counter()
+    plain = build("plain", 1)
+    alone = [generate(plain, [r])[0] for r in work]
+    print(f"plain decoding alone: {time.perf_counter() - start:.0f} s")
     total = 0
     for name in options.methods:
         start = time.perf_counter()
         rng = random.Random(f"{options.seed}-{name}")
-        alone_llm = build(name, 1)
-        if plain_alone is None:
-            plain = alone_llm if name == "plain" else build("plain", 1)
-            plain_alone = [generate(plain, [r])[0] if r[1].temperature == 0 else None for r in work]
-        alone = [plain_alone[i] if r[1].temperature == 0 else generate(alone_llm, [r])[0] for i, r in enumerate(work)]
         order = list(range(len(work)))
         rng.shuffle(order)
         batched: dict[int, list[int]] = {}
