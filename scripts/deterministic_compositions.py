@@ -43,8 +43,9 @@ def method_configs(draft: str) -> dict[str, dict | None]:
         "lookahead": {"method": "lookahead", "num_speculative_tokens": FIXED_K},
         "layer_skip": {"method": "layer_skip", "num_speculative_tokens": FIXED_K},
         "early_exit": {"method": "layer_skip", "early_exit": True, "num_speculative_tokens": FIXED_K},
+        # The embedded pair has one draft: it is both stages here (the machinery, not a useful cascade).
         "cascade": {"method": "cascade", "num_speculative_tokens": FIXED_K, "stages": [
-            {**small, "num_speculative_tokens": 2}, {"method": "draft_model"}]},
+            {**small, "num_speculative_tokens": 2}, small]},
         "auto": {"method": "auto", "num_speculative_tokens": "auto"},
         "draft_model_auto_k": {**small, "num_speculative_tokens": "auto"},
     }
