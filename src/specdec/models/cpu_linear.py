@@ -24,6 +24,16 @@ import torch.nn.functional as F
 PACKED_DTYPES = (torch.bfloat16,)
 """Model dtypes whose CPU decoder-layer weights are packed."""
 
+FEW_ROWS = 4
+"""A packed product over fewer rows than this, reducing over more than :data:`ONE_ROW_WIDTH`, is computed over
+this many (the extra rows copies of the first). oneDNN takes a one-row kernel for one row there, which read
+the ``1b`` shape's weights slower than its kernel for four rows: plain decoding at ``1b`` ran 11.8 -> 14.2
+tok/s with the rows padded to 4 (10.6 padded to 2; ``docs/lab-notes/2026-11-25.md``). From 2 rows on, every
+row count takes the same kernel (:mod:`.deterministic`), so a padded row has the bits of a verified one."""
+
+ONE_ROW_WIDTH = 1024
+"""The reduced width above which oneDNN's bfloat16 product takes its one-row kernel for one row."""
+
 
 def packs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether :func:`pack` packs weights of ``dtype`` on ``device``."""
@@ -41,10 +51,18 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x`` ``[..., in]``, ``weight`` ``[out, in]`` plain or packed, ``bias``
-    ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype."""
-    if weight.is_mkldnn:
+    ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype. A packed product over fewer than
+    :data:`FEW_ROWS` rows of more than :data:`ONE_ROW_WIDTH` is computed over :data:`FEW_ROWS`."""
+    if not weight.is_mkldnn:
+        return F.linear(x, weight, bias)
+    width = x.shape[-1]
+    rows = x.numel() // width
+    if rows >= FEW_ROWS or width <= ONE_ROW_WIDTH:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    flat = x.reshape(rows, width)
+    padded = torch.cat([flat, flat[:1].expand(FEW_ROWS - rows, -1)])
+    out = torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")
+    return out[:rows].view(*x.shape[:-1], -1)
 
 
 def is_packed(weight: torch.Tensor) -> bool:
