@@ -59,6 +59,23 @@ def test_products_are_row_invariant_and_default_ones_are_not():
     assert differ["default"] > 0, "the default products were expected to depend on the rows (this CPU?)"
 
 
+def test_packed_products_are_row_invariant_by_default():
+    """A packed bfloat16 product (:func:`~specdec.models.cpu_linear.linear`, which computes fewer than 4 rows of
+    more than 1024 as 4) gives a row the same bits alone and in 2..24 rows, wide or narrow: why
+    :func:`rows_linear` leaves packed weights unpadded (a verification's 5 rows stay 5)."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for width in (512, 2048):  # at 2048 a lone row unpadded takes the one-row kernel and differs
+            weight = pack((torch.randn(2048, width) * 0.05).bfloat16())
+            differ = {"det": 0, "default": 0}
+            _count_row_differences(weight, torch.randn(24, width).bfloat16(), differ)
+            assert differ == {"det": 0, "default": 0}, width
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _count_row_differences(w: torch.Tensor, rows: torch.Tensor, differ: dict[str, int]) -> None:
     for m in (2, 3, 5, 24):
         batch = rows[:m]

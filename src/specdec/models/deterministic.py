@@ -12,7 +12,10 @@ torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` 
   (MKL) ``M`` of 1 to 3 each differ from ``M >= 4``, and the last ``M mod 4`` rows of a larger ``M``
   take another kernel too; over any multiple of 4 rows every row has the same bits (both with 1 and
   2 threads). Fix: :func:`rows_linear` gives every product a multiple of :data:`ROW_TILE` rows
-  (memory-bound small products cost about the same for 1 and 4 rows: the weights are read once).
+  (memory-bound small products cost about the same for 1 and 4 rows: the weights are read once),
+  except a packed bfloat16 one, which :func:`~.cpu_linear.linear` already computes over 4 rows where it
+  has fewer (in both modes: oneDNN's one-row kernel was the slower one too), so a verification's 5 rows
+  are not padded to 8.
 - **attention** (torch's CPU flash SDPA): a query's output changes with the number of queries
   (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
   or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
@@ -37,12 +40,14 @@ ROW_TILE = 4
 
 
 def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
-    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``) computed over a multiple of
-    :data:`ROW_TILE` rows: the rows are padded with copies of the first and only theirs kept.
+    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``, ``args[0]`` its weight) computed
+    over a multiple of :data:`ROW_TILE` rows: the rows are padded with copies of the first and only theirs
+    kept. A oneDNN-packed bfloat16 weight needs no padding: every row count from 2 up takes the same kernel,
+    and :func:`~.cpu_linear.linear` computes fewer rows than 4 as 4 where one row would take another.
     Returns ``[..., out]``."""
     width = x.shape[-1]
     count = x.numel() // width
-    if count % ROW_TILE == 0:
+    if count % ROW_TILE == 0 or args[0].is_mkldnn:
         return fn(x, *args)
     flat = x.reshape(count, width)
     padded = torch.cat([flat, flat[:1].expand(ROW_TILE - count % ROW_TILE, -1)])
