@@ -14,7 +14,16 @@ from specdec.bench import workloads
 from specdec.bench.cli import register
 from specdec.bench.hardware import device_bandwidth_gbs, direct_cost_ratio, forward_seconds, parameter_bytes
 from specdec.bench.harness import BenchSettings, groups, run_benchmark
-from specdec.bench.methods import PEERS, MethodSpec, Runner, RunOutput, expand_methods, methods
+from specdec.bench.methods import (
+    PEERS,
+    MethodSpec,
+    Runner,
+    RunOutput,
+    deterministic_modes,
+    expand_methods,
+    in_modes,
+    methods,
+)
 from specdec.bench.report import degenerate_warning, mismatch_warning, repeats_short_run, to_markdown
 from specdec.bench.summary import Calibration, ideal_ratio, metrics_cost_ratio, predicted_speedup
 from specdec.bench.synthetic import RandomTokenPrompts, build_synthetic, random_questions, synthetic_config
@@ -241,6 +250,85 @@ def test_corrupted_output_is_flagged_as_a_mismatch():
     assert overall["ngram k=2"].cost_ratio == pytest.approx((0.01 / 8) / (0.02 / 4))
     assert overall["ngram k=2"].predicted_speedup == pytest.approx(predicted_speedup(0.5, 2, 0.25))
     assert overall["hf"].tau is None and overall["hf"].mismatches == 0
+
+
+class ModeRunner(ScriptedRunner):
+    """A scripted runner whose call takes ``seconds``; in deterministic mode its tokens are shifted by one
+    (the mode's numerics give other tokens than the default mode's)."""
+
+    def __init__(self, spec: MethodSpec, seconds: float, corrupt: bool = False) -> None:
+        super().__init__(spec, corrupt=corrupt)
+        self.seconds = seconds
+
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        out = super().run(prompts, max_tokens, temperature, seed)
+        shift = int(self.spec.deterministic)
+        return RunOutput([[t + shift for t in tokens] for tokens in out.token_ids], self.seconds, out.metrics)
+
+
+def test_both_modes_compare_each_variant_with_plain_decoding_in_its_mode():
+    plain, ngram = MethodSpec("plain"), MethodSpec("ngram", 2)
+    plain_det, ngram_det = MethodSpec("plain", deterministic=True), MethodSpec("ngram", 2, deterministic=True)
+    assert (plain_det.label, ngram_det.label) == ("plain det", "ngram k=2 det")
+    assert ngram_det.default_twin == "ngram k=2" and ngram.default_twin is None
+    runners = [ModeRunner(plain, 0.02), ModeRunner(plain_det, 0.04), ModeRunner(ngram, 0.01),
+               ModeRunner(ngram_det, 0.025, corrupt=True), ModeRunner(MethodSpec("hf"), 0.05)]
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8, warmup=0),
+                           progress=False)
+    # det variants are checked against plain det (whose tokens differ from plain's), the others against plain
+    assert result.mismatches == {"ngram k=2 det": 3}
+    assert {m.method: m.first_mismatch for m in result.measurements if m.matches_reference is False} == {
+        "ngram k=2 det": 7}
+    assert all(m.deterministic == m.method.endswith(" det") for m in result.measurements)
+    overall = {r.label: r for r in result.summary if r.category == "overall"}
+    assert overall["ngram k=2 det"].speedup == pytest.approx(0.04 / 0.025)  # against plain det
+    assert overall["ngram k=2"].speedup == pytest.approx(2.0) and overall["hf"].speedup == pytest.approx(0.4)
+    assert overall["plain det"].speedup == pytest.approx(1.0)
+    assert overall["ngram k=2 det"].speedup_median == pytest.approx(0.04 / 0.025)
+    assert overall["plain det"].deterministic_cost == pytest.approx(2.0)  # 0.04 s against 0.02 s
+    assert overall["ngram k=2 det"].deterministic_cost == pytest.approx(2.5)
+    assert [overall[label].deterministic_cost for label in ("plain", "ngram k=2", "hf")] == [None] * 3
+    assert overall["plain det"].deterministic and not overall["hf"].deterministic
+    markdown = to_markdown(result)
+    assert "| speedup | det. cost |" in markdown and "| ngram k=2 det | 320.0 | 320.0 | 1.60x | 2.50x |" in markdown
+    assert "| det. cost |" not in to_markdown(run_benchmark(runners[:1] + runners[2:3], QUESTIONS, ScriptedPrompts(),
+                                                        BenchSettings(max_tokens=8, warmup=0), progress=False))
+
+
+def test_a_deterministic_only_run_compares_peers_with_deterministic_plain_decoding():
+    runners = [ModeRunner(MethodSpec("plain", deterministic=True), 0.04), ModeRunner(MethodSpec("hf"), 0.02)]
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8, warmup=0),
+                           progress=False)
+    overall = {r.label: r for r in result.summary if r.category == "overall"}
+    assert overall["hf"].speedup == pytest.approx(2.0) and result.mismatches == {"hf": 3}
+    assert "generations per method and batch size: 3" in to_markdown(result)
+
+
+def test_each_mode_needs_its_plain_decoding():
+    runners = [ScriptedRunner(MethodSpec("plain")), ScriptedRunner(MethodSpec("ngram", 2, deterministic=True))]
+    with pytest.raises(SpecDecError, match="no plain det"):
+        run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8), progress=False)
+    with pytest.raises(SpecDecError, match="no deterministic mode"):
+        MethodSpec("hf", deterministic=True)
+
+
+def test_deterministic_modes_expand_specdec_methods_side_by_side():
+    specs = expand_methods(["plain", "ngram", "hf"], [2, 4])
+    assert [s.label for s in in_modes(specs, deterministic_modes("both"))] == [
+        "plain", "plain det", "ngram k=2", "ngram k=2 det", "ngram k=4", "ngram k=4 det", "hf"]
+    assert [s.label for s in in_modes(specs, deterministic_modes("on"))] == [
+        "plain det", "ngram k=2 det", "ngram k=4 det", "hf"]
+    assert in_modes(specs, deterministic_modes(None)) == specs == in_modes(specs, deterministic_modes("off"))
+    with pytest.raises(SpecDecError, match="--deterministic takes off, on, both"):
+        deterministic_modes("sometimes")
+
+
+def test_a_bad_deterministic_mode_exits_2_with_one_line(capsys):
+    from specdec.cli import main
+
+    assert main(["bench", "--deterministic", "always", "--max-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specdec bench: error: --deterministic takes off, on, both (alone: on), got 'always'"]
 
 
 def test_method_order_rotates_and_sampling_skips_greedy_checks():
