@@ -500,6 +500,34 @@ def test_bench_cli_writes_reports_and_greedy_outputs_match(text_model_dirs, tmp_
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
 
+def test_bench_cli_runs_both_modes_side_by_side(text_model_dirs, tmp_path):
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}, {"prompt": "x = 1"}])
+    out = tmp_path / "out"
+    rc = _bench(["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"]),
+                 "--methods", "plain,draft_model,hf", "--k", "2", "--deterministic", "both", "--workload", "jsonl",
+                 "--data", str(data), "--max-tokens", "6", "--dtype", "float32", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["info"]["deterministic"] == "both"
+    described = {m["label"]: m["deterministic"] for m in report["methods"]}  # the LLM's own mode
+    assert described == {"plain": False, "plain det": True, "draft_model k=2": False, "draft_model k=2 det": True,
+                         "hf": False}
+    assert all(m["deterministic"] == m["method"].endswith(" det") for m in report["measurements"])
+    assert all(m["matches_reference"] for m in report["measurements"] if not m["method"].startswith("plain"))
+    overall = {r["label"]: r for r in report["summary"] if r["category"] == "overall"}
+    tps = {label: row["tokens_per_second"] for label, row in overall.items()}
+    assert overall["draft_model k=2 det"]["speedup"] == pytest.approx(tps["draft_model k=2 det"] / tps["plain det"])
+    assert overall["draft_model k=2"]["speedup"] == pytest.approx(tps["draft_model k=2"] / tps["plain"])
+    assert overall["hf"]["speedup"] == pytest.approx(tps["hf"] / tps["plain"])
+    assert overall["plain det"]["deterministic_cost"] == pytest.approx(tps["plain"] / tps["plain det"])
+    cost = tps["draft_model k=2"] / tps["draft_model k=2 det"]
+    assert overall["draft_model k=2 det"]["deterministic_cost"] == pytest.approx(cost)
+    assert overall["draft_model k=2 det"]["mismatches"] == 0 and overall["draft_model k=2"]["mismatches"] == 0
+    costed = {label for label, row in overall.items() if row["deterministic_cost"]}
+    assert costed == {"plain det", "draft_model k=2 det"}
+    assert f"| 1 | draft_model k=2 det | {tps['draft_model k=2 det']:.1f} |" in (out / "bench.md").read_text()
+
+
 def test_num_candidates_reaches_tree_methods_only(text_model_dirs, tmp_path):
     data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x = 1\nx = 1\nx = 1\n"}])
     out = tmp_path / "out"
@@ -656,6 +684,8 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
         ["--draft-synthetic", "tiny"],
         ["--draft-equals-target", "--draft-model", "x"],
         ["--max-model-len", "1"],
+        ["--deterministic", "maybe"],
+        ["--deterministic", "both", "--backend", "hf"],
     ],
 )
 def test_bad_inputs_raise_specdec_error(text_model_dirs, argv):
