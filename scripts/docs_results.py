@@ -63,11 +63,16 @@ def row_label(row: dict[str, Any], bench: dict[str, Any]) -> str:
     return f"{row['label']}, batch {row['batch_size']}" if several else row["label"]
 
 
+def is_plain(row: dict[str, Any]) -> bool:
+    """Whether a summary row is plain decoding's (``plain``, or ``plain det`` from ``bench --deterministic``)."""
+    return row.get("method", row["label"]) == "plain"
+
+
 def _auto_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Plain decoding's and every auto-k row of a file, or [] when it ran no auto k."""
     rows = overall_rows(bench)
-    auto = [r for r in rows if r["label"] == "plain" or r["label"].endswith("k=auto")]
-    return auto if len(auto) > sum(r["label"] == "plain" for r in rows) else []
+    auto = [r for r in rows if is_plain(r) or "k=auto" in r["label"].split()]
+    return auto if len(auto) > sum(map(is_plain, rows)) else []
 
 
 def readme_files(files: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
@@ -92,7 +97,7 @@ UNRELIABLE_SPREAD = 1.5
 
 def plain_spread(bench: dict[str, Any]) -> float | None:
     """How much plain decoding's tokens/s varied across prompts (max / min), when the bench measured it."""
-    plain = next((r for r in overall_rows(bench) if r["label"] == "plain"), None)
+    plain = next((r for r in overall_rows(bench) if is_plain(r)), None)
     return None if plain is None else plain.get("tokens_per_second_spread")
 
 
@@ -121,15 +126,21 @@ def _conditions(bench: dict[str, Any]) -> list[str]:
 
 
 def _table(name: str, bench: dict[str, Any]) -> list[str]:
-    rows = ["| method | batch | tokens/s | speedup vs plain | per-prompt median (min–max) | τ | α | c | greedy check |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The results page's table of a file; a file from ``bench --deterministic both`` gets a det. cost column
+    (the method's tokens/s in the default mode / in deterministic mode)."""
+    costed = any(r.get("deterministic_cost") is not None for r in overall_rows(bench))
+    cost = " det. cost |" if costed else ""
+    rows = ["| method | batch | tokens/s | speedup vs plain |" + cost + " per-prompt median (min–max) | τ | α | c "
+            "| greedy check |",
+            "| --- | --- | --- | --- |" + " --- |" * costed + " --- | --- | --- | --- | --- |"]
     for r in overall_rows(bench):
         check = "–" if r["mismatches"] is None else (
             f"{r['checked'] - r['mismatches'] - (r['ties'] or 0)}/{r['checked']} equal"
             + (f", {r['ties']} ties" if r["ties"] else "")
             + (f", {r['mismatches']} MISMATCH" if r["mismatches"] else ""))
+        cell = f" {_num(r.get('deterministic_cost'), 2, 'x')} |" if costed else ""
         rows.append(f"| <span id=\"{anchor(name, row_label(r, bench))}\"></span>{r['label']} | {r['batch_size']} | "
-                    f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} | {_median(r)} | "
+                    f"{_num(r['tokens_per_second'], 1)} | {_num(r['speedup'], 2, 'x')} |{cell} {_median(r)} | "
                     f"{_num(r['tau'])} | {_num(r['alpha'])} | {_num(r['cost_ratio'])} | {check} |")
     return rows
 
@@ -165,9 +176,12 @@ def render_page(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _method(label: str) -> str:
-    """A README row's method: the summary label without the auto-k suffix the README's rows all share."""
-    return label.removesuffix(" k=auto")
+def _method(row: dict[str, Any]) -> str:
+    """A README row's method: plain decoding, or the summary label without the auto-k the README's rows all
+    share (``det`` marks the deterministic mode)."""
+    if is_plain(row):
+        return "plain decoding" + (", deterministic" if row.get("deterministic") else "")
+    return " ".join(word for word in row["label"].split() if word != "k=auto")
 
 
 def _column(row: dict[str, Any], bench: dict[str, Any]) -> tuple[float, int]:
@@ -199,10 +213,9 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
             devices.add(f"{info.get('dtype')}, {device}")
             for r in rows:
                 link = f"(docs/results.md#{anchor(name, row_label(r, bench))})"
-                value = (f"[{_num(r['tokens_per_second'], 1)} tok/s]{link}" if r["label"] == "plain"
+                value = (f"[{_num(r['tokens_per_second'], 1)} tok/s]{link}" if is_plain(r)
                          else f"[{_num(r['speedup'], 2, 'x')}]{link}")
-                method = "plain decoding" if r["label"] == "plain" else _method(r["label"])
-                cells.setdefault(method, {}).setdefault(_column(r, bench), value)
+                cells.setdefault(_method(r), {}).setdefault(_column(r, bench), value)
         columns = sorted({c for row in cells.values() for c in row})
         out += [f"**{title}**, {'; '.join(sorted(devices))}:", "",
                 "| method | " + " | ".join(_column_title(c) for c in columns) + " |",

@@ -14,7 +14,16 @@ from specdec.bench import workloads
 from specdec.bench.cli import register
 from specdec.bench.hardware import device_bandwidth_gbs, direct_cost_ratio, forward_seconds, parameter_bytes
 from specdec.bench.harness import BenchSettings, groups, run_benchmark
-from specdec.bench.methods import PEERS, MethodSpec, Runner, RunOutput, expand_methods, methods
+from specdec.bench.methods import (
+    PEERS,
+    MethodSpec,
+    Runner,
+    RunOutput,
+    deterministic_modes,
+    expand_methods,
+    in_modes,
+    methods,
+)
 from specdec.bench.report import degenerate_warning, mismatch_warning, repeats_short_run, to_markdown
 from specdec.bench.summary import Calibration, ideal_ratio, metrics_cost_ratio, predicted_speedup
 from specdec.bench.synthetic import RandomTokenPrompts, build_synthetic, random_questions, synthetic_config
@@ -243,6 +252,85 @@ def test_corrupted_output_is_flagged_as_a_mismatch():
     assert overall["hf"].tau is None and overall["hf"].mismatches == 0
 
 
+class ModeRunner(ScriptedRunner):
+    """A scripted runner whose call takes ``seconds``; in deterministic mode its tokens are shifted by one
+    (the mode's numerics give other tokens than the default mode's)."""
+
+    def __init__(self, spec: MethodSpec, seconds: float, corrupt: bool = False) -> None:
+        super().__init__(spec, corrupt=corrupt)
+        self.seconds = seconds
+
+    def run(self, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seed: int) -> RunOutput:
+        out = super().run(prompts, max_tokens, temperature, seed)
+        shift = int(self.spec.deterministic)
+        return RunOutput([[t + shift for t in tokens] for tokens in out.token_ids], self.seconds, out.metrics)
+
+
+def test_both_modes_compare_each_variant_with_plain_decoding_in_its_mode():
+    plain, ngram = MethodSpec("plain"), MethodSpec("ngram", 2)
+    plain_det, ngram_det = MethodSpec("plain", deterministic=True), MethodSpec("ngram", 2, deterministic=True)
+    assert (plain_det.label, ngram_det.label) == ("plain det", "ngram k=2 det")
+    assert ngram_det.default_twin == "ngram k=2" and ngram.default_twin is None
+    runners = [ModeRunner(plain, 0.02), ModeRunner(plain_det, 0.04), ModeRunner(ngram, 0.01),
+               ModeRunner(ngram_det, 0.025, corrupt=True), ModeRunner(MethodSpec("hf"), 0.05)]
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8, warmup=0),
+                           progress=False)
+    # det variants are checked against plain det (whose tokens differ from plain's), the others against plain
+    assert result.mismatches == {"ngram k=2 det": 3}
+    assert {m.method: m.first_mismatch for m in result.measurements if m.matches_reference is False} == {
+        "ngram k=2 det": 7}
+    assert all(m.deterministic == m.method.endswith(" det") for m in result.measurements)
+    overall = {r.label: r for r in result.summary if r.category == "overall"}
+    assert overall["ngram k=2 det"].speedup == pytest.approx(0.04 / 0.025)  # against plain det
+    assert overall["ngram k=2"].speedup == pytest.approx(2.0) and overall["hf"].speedup == pytest.approx(0.4)
+    assert overall["plain det"].speedup == pytest.approx(1.0)
+    assert overall["ngram k=2 det"].speedup_median == pytest.approx(0.04 / 0.025)
+    assert overall["plain det"].deterministic_cost == pytest.approx(2.0)  # 0.04 s against 0.02 s
+    assert overall["ngram k=2 det"].deterministic_cost == pytest.approx(2.5)
+    assert [overall[label].deterministic_cost for label in ("plain", "ngram k=2", "hf")] == [None] * 3
+    assert overall["plain det"].deterministic and not overall["hf"].deterministic
+    markdown = to_markdown(result)
+    assert "| speedup | det. cost |" in markdown and "| ngram k=2 det | 320.0 | 320.0 | 1.60x | 2.50x |" in markdown
+    assert "| det. cost |" not in to_markdown(run_benchmark(runners[:1] + runners[2:3], QUESTIONS, ScriptedPrompts(),
+                                                        BenchSettings(max_tokens=8, warmup=0), progress=False))
+
+
+def test_a_deterministic_only_run_compares_peers_with_deterministic_plain_decoding():
+    runners = [ModeRunner(MethodSpec("plain", deterministic=True), 0.04), ModeRunner(MethodSpec("hf"), 0.02)]
+    result = run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8, warmup=0),
+                           progress=False)
+    overall = {r.label: r for r in result.summary if r.category == "overall"}
+    assert overall["hf"].speedup == pytest.approx(2.0) and result.mismatches == {"hf": 3}
+    assert "generations per method and batch size: 3" in to_markdown(result)
+
+
+def test_each_mode_needs_its_plain_decoding():
+    runners = [ScriptedRunner(MethodSpec("plain")), ScriptedRunner(MethodSpec("ngram", 2, deterministic=True))]
+    with pytest.raises(SpecDecError, match="no plain det"):
+        run_benchmark(runners, QUESTIONS, ScriptedPrompts(), BenchSettings(max_tokens=8), progress=False)
+    with pytest.raises(SpecDecError, match="no deterministic mode"):
+        MethodSpec("hf", deterministic=True)
+
+
+def test_deterministic_modes_expand_specdec_methods_side_by_side():
+    specs = expand_methods(["plain", "ngram", "hf"], [2, 4])
+    assert [s.label for s in in_modes(specs, deterministic_modes("both"))] == [
+        "plain", "plain det", "ngram k=2", "ngram k=2 det", "ngram k=4", "ngram k=4 det", "hf"]
+    assert [s.label for s in in_modes(specs, deterministic_modes("on"))] == [
+        "plain det", "ngram k=2 det", "ngram k=4 det", "hf"]
+    assert in_modes(specs, deterministic_modes(None)) == specs == in_modes(specs, deterministic_modes("off"))
+    with pytest.raises(SpecDecError, match="--deterministic takes off, on, both"):
+        deterministic_modes("sometimes")
+
+
+def test_a_bad_deterministic_mode_exits_2_with_one_line(capsys):
+    from specdec.cli import main
+
+    assert main(["bench", "--deterministic", "always", "--max-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specdec bench: error: --deterministic takes off, on, both (alone: on), got 'always'"]
+
+
 def test_method_order_rotates_and_sampling_skips_greedy_checks():
     runners = [ScriptedRunner(MethodSpec("plain")), ScriptedRunner(MethodSpec("hf"), corrupt=True)]
     settings = BenchSettings(max_tokens=4, temperature=0.7, seeds=(1, 2), warmup=0)
@@ -412,6 +500,34 @@ def test_bench_cli_writes_reports_and_greedy_outputs_match(text_model_dirs, tmp_
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
 
 
+def test_bench_cli_runs_both_modes_side_by_side(text_model_dirs, tmp_path):
+    data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "def f(x):\n    return"}, {"prompt": "x = 1"}])
+    out = tmp_path / "out"
+    rc = _bench(["--model", str(text_model_dirs["target"]), "--draft-model", str(text_model_dirs["draft"]),
+                 "--methods", "plain,draft_model,hf", "--k", "2", "--deterministic", "both", "--workload", "jsonl",
+                 "--data", str(data), "--max-tokens", "6", "--dtype", "float32", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["info"]["deterministic"] == "both"
+    described = {m["label"]: m["deterministic"] for m in report["methods"]}  # the LLM's own mode
+    assert described == {"plain": False, "plain det": True, "draft_model k=2": False, "draft_model k=2 det": True,
+                         "hf": False}
+    assert all(m["deterministic"] == m["method"].endswith(" det") for m in report["measurements"])
+    assert all(m["matches_reference"] for m in report["measurements"] if not m["method"].startswith("plain"))
+    overall = {r["label"]: r for r in report["summary"] if r["category"] == "overall"}
+    tps = {label: row["tokens_per_second"] for label, row in overall.items()}
+    assert overall["draft_model k=2 det"]["speedup"] == pytest.approx(tps["draft_model k=2 det"] / tps["plain det"])
+    assert overall["draft_model k=2"]["speedup"] == pytest.approx(tps["draft_model k=2"] / tps["plain"])
+    assert overall["hf"]["speedup"] == pytest.approx(tps["hf"] / tps["plain"])
+    assert overall["plain det"]["deterministic_cost"] == pytest.approx(tps["plain"] / tps["plain det"])
+    cost = tps["draft_model k=2"] / tps["draft_model k=2 det"]
+    assert overall["draft_model k=2 det"]["deterministic_cost"] == pytest.approx(cost)
+    assert overall["draft_model k=2 det"]["mismatches"] == 0 and overall["draft_model k=2"]["mismatches"] == 0
+    costed = {label for label, row in overall.items() if row["deterministic_cost"]}
+    assert costed == {"plain det", "draft_model k=2 det"}
+    assert f"| 1 | draft_model k=2 det | {tps['draft_model k=2 det']:.1f} |" in (out / "bench.md").read_text()
+
+
 def test_num_candidates_reaches_tree_methods_only(text_model_dirs, tmp_path):
     data = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x = 1\nx = 1\nx = 1\n"}])
     out = tmp_path / "out"
@@ -568,6 +684,8 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
         ["--draft-synthetic", "tiny"],
         ["--draft-equals-target", "--draft-model", "x"],
         ["--max-model-len", "1"],
+        ["--deterministic", "maybe"],
+        ["--deterministic", "both", "--backend", "hf"],
     ],
 )
 def test_bad_inputs_raise_specdec_error(text_model_dirs, argv):

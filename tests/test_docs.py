@@ -102,3 +102,26 @@ def test_the_readme_table_has_a_column_per_batch_and_temperature():
     eagle = "| eagle | [3.00x](docs/results.md#a-eagle-k-auto) | – | – | [2.50x](docs/results.md#b-eagle-k-auto) |"
     assert eagle in table
     assert "| ngram | – | [1.10x](docs/results.md#c-ngram-k-auto-batch-4) |" in table
+
+
+def test_a_both_modes_results_file_gets_a_det_cost_column():
+    results = _script("docs_results")
+    base = {"category": "overall", "batch_size": 1, "tau": None, "alpha": None, "cost_ratio": None,
+            "mismatches": None, "checked": 0, "ties": None}
+    rows = [{**base, "label": "plain", "method": "plain", "tokens_per_second": 100.0, "speedup": 1.0},
+            {**base, "label": "plain det", "method": "plain", "deterministic": True, "tokens_per_second": 80.0,
+             "speedup": 1.0, "deterministic_cost": 1.25},
+            {**base, "label": "eagle k=auto det", "method": "eagle", "deterministic": True, "tokens_per_second": 160.0,
+             "speedup": 2.0, "deterministic_cost": 1.1, "mismatches": 0, "checked": 4, "ties": 0}]
+    bench = {"info": {"target": "/p/specdec/assets/default_pair/target", "command": "specdec bench",
+                      "dtype": "bfloat16", "cpu threads": 2},
+             "settings": {"max_tokens": 8, "temperature": 0.0, "batch_sizes": [1], "seeds": [0], "repeats": 1,
+                          "warmup": 1},
+             "summary": rows}
+    page = results.render_page([("det", bench)])
+    assert "| speedup vs plain | det. cost | per-prompt median" in page
+    assert "eagle k=auto det | 1 | 160.0 | 2.00x | 1.10x | – |" in page and "plain | 1 | 100.0 | 1.00x | – |" in page
+    table = results.render_readme_table([("det", bench)])
+    assert "| plain decoding, deterministic | [80.0 tok/s](docs/results.md#det-plain-det) |" in table
+    assert "| eagle det | [2.00x](docs/results.md#det-eagle-k-auto-det) |" in table
+    assert "| speedup vs plain | per-prompt" in results.render_page([("default", {**bench, "summary": rows[:1]})])

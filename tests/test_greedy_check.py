@@ -8,9 +8,10 @@ from test_bench import QUESTIONS, ScriptedPrompts, ScriptedRunner
 
 from specdec import LLM, SamplingParams
 from specdec.bench.harness import BenchSettings, reference_judge, run_benchmark
-from specdec.bench.methods import MethodSpec
+from specdec.bench.methods import MethodSpec, RunOutput
 from specdec.bench.report import mismatch_warning, tie_notice, to_markdown
 from specdec.bench.runners import SpecDecRunner
+from specdec.bench.workloads import Question
 from specdec.greedy_check import GreedyVerdict, check_greedy, first_difference, rounding_tolerance
 
 PROMPT = [3, 5, 7, 11, 13]
@@ -76,6 +77,35 @@ def test_the_bench_judges_with_the_reference_target(tied):
     llm, expected, twin, _ = tied
     judge = reference_judge([SpecDecRunner(MethodSpec("plain"), llm)])
     assert judge(PROMPT, expected, [twin, *expected[1:]]).kind == "tie"
+
+
+class Fixed(ScriptedRunner):
+    """A scripted runner that outputs ``tokens`` for every prompt, its ``llm`` the one its mode judges with."""
+
+    def __init__(self, spec: MethodSpec, tokens: list[int], llm: LLM) -> None:
+        super().__init__(spec)
+        self.tokens, self.llm = tokens, llm
+
+    def run(self, prompts, max_tokens, temperature, seed):
+        out = super().run(prompts, max_tokens, temperature, seed)
+        return RunOutput([list(self.tokens) for _ in prompts], out.seconds, out.metrics)
+
+
+class OnePrompt(ScriptedPrompts):
+    def build(self, turns, answers):
+        return list(PROMPT)
+
+
+def test_both_modes_judge_a_tie_as_a_tie_by_default_and_as_a_mismatch_when_deterministic(tied):
+    llm, expected, twin, model = tied
+    deterministic = LLM(model, dtype="float64", deterministic=True)
+    swapped = [twin, *expected[1:]]  # a tie of the target's logits at the first token
+    runners = [Fixed(MethodSpec("plain"), expected, llm), Fixed(MethodSpec("ngram", 2), swapped, llm)]
+    runners += [Fixed(MethodSpec("plain", deterministic=True), expected, deterministic),
+                Fixed(MethodSpec("ngram", 2, deterministic=True), swapped, deterministic)]
+    settings = BenchSettings(max_tokens=len(expected), warmup=0)
+    result = run_benchmark(runners, [Question("1", "one", ("abc",), "one")], OnePrompt(), settings, progress=False)
+    assert result.ties == {"ngram k=2": 1} and result.mismatches == {"ngram k=2 det": 1}
 
 
 def test_bench_counts_ties_apart_and_fails_only_on_mismatches():

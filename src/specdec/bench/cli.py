@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.harness import BenchSettings, run_benchmark
-from specdec.bench.methods import PEERS, REFERENCE, expand_methods, methods
+from specdec.bench.methods import PEERS, REFERENCE, deterministic_modes, expand_methods, in_modes, methods
 from specdec.bench.prepare import load_bench, resolve_source, split_names
 from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
@@ -210,10 +210,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     run.add_argument("--enforce-eager", action="store_true",
                      help="specdec without CUDA graphs on a GPU (the CPU path is always eager)")
     add_kv_flags(run, prefix_caching_default=False)  # off: repeated prompts would time cache hits
-    run.add_argument("--deterministic", action="store_true",
-                     help="every specdec method, plain included, in deterministic mode (batch-invariant kernels; "
-                     "fast backend on a CPU): the greedy check then counts every difference from plain decoding "
-                     "as a mismatch (no rounding ties)")
+    run.add_argument(
+        "--deterministic", nargs="?", const="on", default=None, metavar="MODE",
+        help="on (the flag alone): every specdec method, plain included, in deterministic mode (batch-invariant "
+        "kernels; fast backend on a CPU), its greedy check counting every difference from plain decoding as a "
+        "mismatch (no rounding ties); both: every specdec method in both modes side by side, the deterministic "
+        "variants labelled 'det', their speedups and greedy checks against deterministic plain decoding, and a "
+        "'det. cost' column (default tok/s / deterministic tok/s); off: the default (transformers peers always "
+        "run in the default mode)",
+    )
     run.add_argument("--max-tokens", type=int, default=128, help="tokens generated per turn by every method")
     run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, checked against plain decoding")
     run.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED", help="each question runs once per seed")
@@ -354,13 +359,14 @@ def run_bench(args: argparse.Namespace) -> int:
     seeds = _int_list(args.seeds, "--seeds")
     batch_sizes = _int_list(args.batch_size, "--batch-size")
     _check_flags(args)
+    modes = deterministic_modes(args.deterministic)
     settings = BenchSettings(
         args.max_tokens, args.temperature, tuple(seeds), args.repeats, args.warmup, batch_sizes=tuple(batch_sizes)
     )
     source = resolve_source(args)
     configs = _method_configs(args.method_config)
     names = _speculative_config(args, _method_names(args, source.has_draft), configs, args.methods is not None)
-    specs = expand_methods(names, ks, configs)
+    specs = in_modes(expand_methods(names, ks, configs), modes)
     if any(s.kind.peer for s in specs) and 1 not in settings.batch_sizes:
         print("specdec bench: transformers peers run at batch 1 only, which is not swept", file=sys.stderr)
     print(

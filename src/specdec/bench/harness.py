@@ -21,7 +21,10 @@ With greedy decoding every output is compared token for token with the output of
 size. A difference is judged by :func:`specdec.greedy_check.check_greedy` under the reference's
 target: a *tie* when the first differing tokens' logits are within the dtype's rounding there
 (half precision flips such ties between kernels), else a *mismatch*; both are counted per
-method, only mismatches fail the run. Aggregation is in :mod:`specdec.bench.summary`.
+method, only mismatches fail the run. A method in deterministic mode (``bench --deterministic``)
+is compared with plain decoding in deterministic mode (``plain det``), and there every difference
+is a mismatch; with ``--deterministic both`` each specdec method runs in both modes, each mode's
+variants checked against its own plain decoding. Aggregation is in :mod:`specdec.bench.summary`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specdec.bench.measurement import Measurement
-from specdec.bench.methods import REFERENCE, Runner
+from specdec.bench.methods import REFERENCE, MethodSpec, Runner, reference_label
 from specdec.bench.summary import OVERALL, Calibration, SummaryRow, summarize
 from specdec.errors import SpecDecError
 from specdec.greedy_check import GreedyVerdict, check_greedy, first_difference
@@ -174,25 +177,42 @@ def _untied(prompt_ids: Sequence[int], expected: Sequence[int], actual: Sequence
 
 
 def reference_judge(runners: Sequence[Runner]) -> Judge:
-    """:func:`check_greedy` under the target of the ``plain`` runner (when it exposes specdec's ``llm``);
-    in deterministic mode every difference is a mismatch (outputs must be identical: no rounding ties)."""
+    """:func:`check_greedy` under the target of the first ``plain`` runner (when it exposes specdec's
+    ``llm``); in deterministic mode every difference is a mismatch (outputs must be identical: no rounding
+    ties)."""
     llm = next((getattr(r, "llm", None) for r in runners if r.spec.method == REFERENCE), None)
     if llm is None or getattr(llm, "deterministic", False):
         return _untied
     return lambda prompt_ids, expected, actual: check_greedy(llm.target, prompt_ids, expected, actual)
 
 
-def _check_against_reference(unit: list[Measurement], judge: Judge) -> None:
-    """Mark each measurement of a unit as matching the reference output of the same question and turn,
-    and judge each difference (rounding tie or mismatch)."""
-    reference = {(m.question_id, m.turn): m.token_ids for m in unit if m.method == REFERENCE}
+def _references(runners: Sequence[Runner]) -> dict[str, Runner]:
+    """The ``plain`` runners by label: one per mode that a specdec method runs in (a transformers peer runs
+    in the default mode, and is compared with deterministic plain decoding when that is the only one)."""
+    plains = [r for r in runners if r.spec.method == REFERENCE]
+    references = {r.spec.label: r for r in plains}
+    modes = {r.spec.deterministic for r in runners if not r.spec.kind.peer}
+    missing = [MethodSpec(REFERENCE, deterministic=d).label for d in sorted(modes)]
+    missing = [label for label in missing if label not in references]
+    if not plains or len(references) != len(plains) or missing:
+        raise SpecDecError(f"the benchmark needs exactly one {REFERENCE!r} runner, the reference, in each mode "
+                           "its specdec methods run in" + (f" (no {', '.join(missing)})" if missing else ""))
+    return references
+
+
+def _check_against_reference(unit: list[Measurement], judges: dict[str, Judge]) -> None:
+    """Mark each measurement of a unit as matching the output of its reference (``judges``' keys: plain
+    decoding in each mode) on the same question and turn, and judge each difference (rounding tie or
+    mismatch) with its reference's judge."""
+    outputs = {(m.method, m.question_id, m.turn): m.token_ids for m in unit if m.method in judges}
     for m in unit:
-        expected = reference.get((m.question_id, m.turn))
-        if m.method == REFERENCE or expected is None:
+        reference = reference_label(m.deterministic, judges)
+        expected = outputs.get((reference, m.question_id, m.turn))
+        if m.method in judges or expected is None:
             continue
         m.matches_reference = m.token_ids == expected
         if not m.matches_reference:
-            m.verdict = judge(m.prompt_ids, expected, m.token_ids)
+            m.verdict = judges[reference](m.prompt_ids, expected, m.token_ids)
             m.first_mismatch = m.verdict.position
 
 
@@ -261,6 +281,7 @@ def _run_unit(
                     call=call,
                     call_size=len(batch),
                     order=order,
+                    deterministic=runner.spec.deterministic,
                     prompt_tokens=len(prompt_ids),
                     token_ids=list(token_ids),
                     seconds=out.seconds,
@@ -283,22 +304,21 @@ def run_benchmark(
 ) -> BenchResult:
     """For each batch size, warm up, then run every unit with every eligible runner in rotating order.
 
-    Exactly one runner must be ``plain``: it is the reference for speedups and greedy checks, and
-    must take the largest batch size. ``calibration`` holds what was measured beside the runs
-    (direct cost ratios, ideal ratios, the roofline's least step time; see
-    :func:`specdec.bench.summary.summarize`). ``judge`` classifies greedy differences (default
-    :func:`reference_judge`).
+    Exactly one runner must be ``plain`` in each mode its specdec runners run in (default, deterministic):
+    it is the reference for the speedups and greedy checks of that mode's runners, and must take the
+    largest batch size. ``calibration`` holds what was measured beside the runs (direct cost ratios,
+    ideal ratios, the roofline's least step time; see :func:`specdec.bench.summary.summarize`). ``judge``
+    classifies greedy differences (default: :func:`reference_judge` of each mode's reference).
     """
     from tqdm.auto import tqdm
 
-    references = [r for r in runners if r.spec.method == REFERENCE]
-    if len(references) != 1:
-        raise SpecDecError(f"the benchmark needs exactly one {REFERENCE!r} runner, the reference")
-    if references[0].max_batch_size < max(settings.batch_sizes):
-        raise SpecDecError(
-            f"the {REFERENCE!r} runner takes at most {references[0].max_batch_size} prompts per call, "
-            f"fewer than batch size {max(settings.batch_sizes)}"
-        )
+    references = _references(runners)
+    for reference in references.values():
+        if reference.max_batch_size < max(settings.batch_sizes):
+            raise SpecDecError(
+                f"the {reference.spec.label!r} runner takes at most {reference.max_batch_size} prompts per call, "
+                f"fewer than batch size {max(settings.batch_sizes)}"
+            )
     if not questions:
         raise SpecDecError("the benchmark needs at least one question")
 
@@ -313,7 +333,7 @@ def run_benchmark(
         ]
         plan.append((batch_size, eligible, units))
 
-    judge = judge or reference_judge(runners)
+    judges = {label: judge or reference_judge([reference]) for label, reference in references.items()}
     measurements: list[Measurement] = []
     skipped: list[dict[str, Any]] = []
     calls = itertools.count()
@@ -331,7 +351,7 @@ def run_benchmark(
                     done += _run_unit(runner, unit, order, prompts, settings, calls, skipped)
                     bar.update(1)
                 if settings.greedy:
-                    _check_against_reference(done, judge)
+                    _check_against_reference(done, judges)
                 measurements.extend(done)
     calibration = calibration or Calibration()
     summary = summarize(measurements, [r.spec for r in runners], settings.greedy, calibration)

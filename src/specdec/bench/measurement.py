@@ -19,7 +19,8 @@ class Measurement:
     """One request: a turn of a question under one method, batch size, seed and repeat.
 
     ``call`` identifies the generate call the request was part of (``call_size`` requests);
-    ``seconds`` is that call's wall-clock time, shared by all its requests.
+    ``seconds`` is that call's wall-clock time, shared by all its requests. ``deterministic``: the method
+    ran in deterministic mode (its label ends with ``det``).
     """
 
     question_id: str
@@ -39,6 +40,7 @@ class Measurement:
     matches_reference: bool | None = None
     first_mismatch: int | None = None
     verdict: GreedyVerdict | None = None
+    deterministic: bool = False
     prompt_ids: list[int] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,6 +51,7 @@ class Measurement:
             "seed": self.seed,
             "repeat": self.repeat,
             "method": self.method,
+            "deterministic": self.deterministic,
             "batch_size": self.batch_size,
             "call": self.call,
             "call_size": self.call_size,

@@ -11,8 +11,8 @@ imports torch and transformers (the CLI must start without them).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 REFERENCE = "plain"
 """specdec's plain decoding: the reference of every speedup and greedy check."""
+
+DETERMINISTIC_MODES: dict[str, tuple[bool, ...]] = {"off": (False,), "on": (True,), "both": (False, True)}
+"""``bench --deterministic MODE``: the modes every specdec method runs in (transformers peers run in the
+default mode only). ``both`` runs each in both, side by side, as two variants."""
+DETERMINISTIC_SUFFIX = " det"
+"""What a deterministic variant's label ends with (``plain det``, ``draft_model k=4 det``)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +88,14 @@ def methods() -> dict[str, MethodKind]:
 class MethodSpec:
     """One benchmarked configuration: a method name and, for speculative methods, its k; ``name``: its
     label when it is not the method's (a second configuration of a method), ``overrides``: fields of
-    its ``speculative_config`` set by ``bench --method-config``."""
+    its ``speculative_config`` set by ``bench --method-config``; ``deterministic``: runs in deterministic mode
+    (batch-invariant kernels, see ``docs/determinism.md``), its label ending with :data:`DETERMINISTIC_SUFFIX`."""
 
     method: str
     k: int | str | None = None
     name: str | None = None
     overrides: dict[str, Any] | None = field(default=None, compare=False)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         catalogue = methods()
@@ -95,11 +103,20 @@ class MethodSpec:
             raise SpecDecError(f"unknown method {self.method!r}; choose from {', '.join(catalogue)}")
         if catalogue[self.method].speculative != (self.k is not None):
             raise SpecDecError(f"method {self.method!r} {'needs' if self.k is None else 'takes no'} k")
+        if self.deterministic and catalogue[self.method].peer:
+            raise SpecDecError(f"{self.method!r} runs transformers' generate, which has no deterministic mode")
 
     @property
     def label(self) -> str:
         name = self.name or self.method
-        return name if self.k is None else f"{name} k={self.k}"
+        label = name if self.k is None else f"{name} k={self.k}"
+        return label + DETERMINISTIC_SUFFIX if self.deterministic else label
+
+    @property
+    def default_twin(self) -> str | None:
+        """A deterministic variant's label in the default mode (what its deterministic cost compares it
+        with); None for a default-mode spec."""
+        return replace(self, deterministic=False).label if self.deterministic else None
 
     @property
     def kind(self) -> MethodKind:
@@ -157,6 +174,32 @@ def expand_methods(names: Sequence[str], ks: Sequence[int],
         fields = {key: value for key, value in config.items() if key != "method"}
         specs.extend(MethodSpec(method, k, name=name, overrides=fields) for k in _ks_of(fields, ks))
     return specs
+
+
+def deterministic_modes(mode: str | None) -> tuple[bool, ...]:
+    """The modes of ``bench --deterministic MODE`` (:data:`DETERMINISTIC_MODES`; None: off), as values of
+    :attr:`MethodSpec.deterministic`."""
+    if mode is None:
+        return DETERMINISTIC_MODES["off"]
+    if mode not in DETERMINISTIC_MODES:
+        raise SpecDecError(f"--deterministic takes {', '.join(DETERMINISTIC_MODES)} (alone: on), got {mode!r}")
+    return DETERMINISTIC_MODES[mode]
+
+
+def in_modes(specs: Sequence[MethodSpec], modes: Sequence[bool]) -> list[MethodSpec]:
+    """``specs`` with each specdec method once per mode of ``modes`` (see :func:`deterministic_modes`), its
+    variants next to each other so that the bench's rotation keeps them side by side; transformers peers
+    once, in the default mode."""
+    return [variant for spec in specs
+            for variant in ([spec] if spec.kind.peer else [replace(spec, deterministic=d) for d in modes])]
+
+
+def reference_label(deterministic: bool, labels: Collection[str]) -> str:
+    """The label of the plain decoding a variant in that mode is compared with, among the ``labels`` that
+    ran: plain decoding in the same mode, else (a transformers peer in a deterministic-only run) the
+    one that ran."""
+    same = MethodSpec(REFERENCE, deterministic=deterministic).label
+    return same if same in labels else MethodSpec(REFERENCE, deterministic=not deterministic).label
 
 
 def _ks_of(config: dict[str, Any] | None, ks: Sequence[int | str]) -> list[int | str]:

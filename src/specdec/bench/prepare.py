@@ -232,7 +232,6 @@ def load_bench(
         enforce_eager=args.enforce_eager,
         kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,
-        deterministic=args.deterministic,
     )
     runners = build_runners(specs, target, draft, options)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm
@@ -258,7 +257,7 @@ def load_bench(
         "questions": len(source.questions),
         "prompt tokens": args.prompt_len if source.synthetic is not None else None,
         "backend": args.backend,
-        "deterministic": args.deterministic,
+        "deterministic": args.deterministic or "off",
         "max model len": reference.max_model_len,
         "parameter bytes": param_bytes,
         "bytes read per step": weight_bytes + kv_bytes,

@@ -25,6 +25,11 @@ NOTES = (
     "req tok/s = mean over requests of the request's tokens / the seconds of its call; speedup = tok/s / tok/s "
     "of specdec plain decoding at the same batch size on the same prompts.",
     "transformers peers run at batch 1 only.",
+    "det = the method in deterministic mode (batch-invariant kernels, `--deterministic`): its speedup and greedy "
+    "check are against plain decoding in deterministic mode (plain det), where every difference is a mismatch; "
+    "transformers peers always run in the default mode. det. cost (`--deterministic both`) = the method's tok/s "
+    "in the default mode / its tok/s in deterministic mode, at the same batch size on the same prompts: the "
+    "time the mode costs (above 1: slower).",
     "Methods run in one process on the same prompts, in an order that rotates per group of prompts, after "
     "untimed warm-up calls at each batch size.",
     "τ = tokens per target step; α = accepted / drafted; c = (time_drafting / drafted tokens) / "
@@ -54,6 +59,7 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
     ("tok/s", lambda r: _num(r.tokens_per_second, 1)),
     ("req tok/s", lambda r: _num(r.request_tokens_per_second, 1)),
     ("speedup", lambda r: _num(r.speedup, 2, "x")),
+    ("det. cost", lambda r: _num(r.deterministic_cost, 2, "x")),
     ("per prompt", lambda r: "" if r.speedup_median is None else
         f"{r.speedup_median:.2f}x ({r.speedup_min:.2f}–{r.speedup_max:.2f})"),
     ("τ", lambda r: _num(r.tau, 2)),
@@ -69,7 +75,8 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], str]], ...] = (
         f"{r.mismatches}/{r.checked}" + (f" ({r.ties} ties)" if r.ties else "")),
 )
 OPTIONAL_COLUMNS = {"roofline": lambda r: r.roofline, "ideal": lambda r: r.ideal_speedup,
-                    "inner α": lambda r: r.inner_alpha, "auto k": lambda r: r.k_choices}
+                    "inner α": lambda r: r.inner_alpha, "auto k": lambda r: r.k_choices,
+                    "det. cost": lambda r: r.deterministic_cost}
 """Columns shown only when some row has a value."""
 
 
@@ -147,7 +154,8 @@ def degenerate_warning(result: BenchResult) -> str | None:
     """A WARNING when plain decoding's output is a short repeat in ``DEGENERATE_SHARE`` of its generations
     or more: every drafter predicts a repeat almost perfectly, so such a run overstates every speedup
     (a wrong chat template once made the code model answer every prompt with ``#\n#\n...``)."""
-    plain = [m.token_ids for m in result.measurements if m.method == REFERENCE]
+    plains = _plain_labels(result)
+    plain = [m.token_ids for m in result.measurements if m.method in plains]
     degenerate = sum(repeats_short_run(tokens) for tokens in plain)
     if not plain or degenerate < DEGENERATE_SHARE * len(plain):
         return None
@@ -156,6 +164,11 @@ def degenerate_warning(result: BenchResult) -> str | None:
         f"{len(plain)} generations: drafters predict a repeat almost perfectly, so these speedups overstate "
         "real text; check the prompts (a chat template, a prompt that invites a loop) or the model"
     )
+
+
+def _plain_labels(result: BenchResult) -> set[str]:
+    """The labels of plain decoding (``plain``, and ``plain det`` in deterministic mode)."""
+    return {r.label for r in result.summary if r.method == REFERENCE}
 
 
 def _columns(rows: Sequence[SummaryRow]) -> list[tuple[str, Callable[[SummaryRow], str]]]:
@@ -234,6 +247,12 @@ def _draft_equals_target_section(result: BenchResult) -> list[str]:
     ]
 
 
+def _generations(result: BenchResult) -> int:
+    """Generations of one plain decoding at the first batch size (every method makes as many there)."""
+    plain = min(_plain_labels(result), default=None)
+    return sum(1 for m in result.measurements if m.method == plain and m.batch_size == result.settings.batch_sizes[0])
+
+
 def to_markdown(result: BenchResult) -> str:
     """The report: run description, overall table, per-category table, acceptance by draft position,
     the draft-equals-target comparison when measured."""
@@ -247,7 +266,7 @@ def to_markdown(result: BenchResult) -> str:
         f"repeats: {settings.repeats}",
         f"warm-up calls: {settings.warmup}",
         f"generations per method and batch size: "
-        f"{sum(1 for m in result.measurements if m.method == REFERENCE and m.batch_size == settings.batch_sizes[0])}",
+        f"{_generations(result)}",
     ]
     if result.calibration.cost_ratios:
         head.append(

@@ -65,6 +65,7 @@ class SpecDecRunner(Runner):
             "description": self.spec.kind.description,
             "method": self.spec.method,
             "k": self.spec.k,
+            "deterministic": self.llm.deterministic,
             "library": "specdec",
             "max_batch_size": self.max_batch_size,
             "max_model_len": self.llm.max_model_len,
@@ -166,6 +167,7 @@ class HFRunner(Runner):
             "description": self.spec.kind.description,
             "method": self.spec.method,
             "k": self.spec.k,
+            "deterministic": False,
             "library": "transformers",
             "max_batch_size": self.max_batch_size,
             "generate_kwargs": {**NEUTRAL_PROCESSING, **self.generate_kwargs, "eos_token_id": None},
@@ -182,8 +184,7 @@ class RunnerOptions:
     ``draft_is_target``: then the draft is the loaded target itself. ``max_num_seqs`` and
     ``max_model_len`` size every specdec ``LLM`` (prompts per generate call, tokens per sequence);
     ``enforce_eager`` turns their CUDA graphs off; ``kv_cache_memory`` and ``enable_prefix_caching``
-    size their KV pools and turn prefix caching on (off by default here: a benchmark repeats prompts);
-    ``deterministic`` runs them in deterministic mode.
+    size their KV pools and turn prefix caching on (off by default here: a benchmark repeats prompts).
     ``num_candidates`` goes to the methods that propose trees (``Drafter.tree_drafts``); chain methods
     run as chains.
     """
@@ -200,7 +201,6 @@ class RunnerOptions:
     enforce_eager: bool = False
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = False
-    deterministic: bool = False
 
 
 def _peer_runner(
@@ -231,7 +231,8 @@ def build_runners(
     """Build a runner per spec over the loaded ``target`` (loading the draft once when a method needs it).
 
     Every specdec method (plain, and each registered drafter through one code path) gets its own
-    ``LLM`` over the shared target, in the target's dtype on its device; a drafter that needs a
+    ``LLM`` over the shared target, in the target's dtype on its device and in the spec's mode
+    (``deterministic``: batch-invariant kernels, a second copy of the fused weights); a drafter that needs a
     model gets the shared draft (a folder, hub id or loaded model), which transformers' assistant
     runs too, in the same dtype: specdec's default for it (:func:`resolve_draft_dtype`).
     """
@@ -246,13 +247,12 @@ def build_runners(
         else:
             assistant, _ = load_hf_model(draft, resolve_draft_dtype(options.draft_dtype, dtype, device), device)
 
-    def llm(config: dict[str, Any] | None) -> LLM:
+    def llm(config: dict[str, Any] | None, deterministic: bool) -> LLM:
         return LLM(
             target, options.tokenizer, config, dtype, device, backend=options.backend,
             max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
             enforce_eager=options.enforce_eager, kv_cache_memory=options.kv_cache_memory,
-            enable_prefix_caching=options.enable_prefix_caching,
-            deterministic=options.deterministic,
+            enable_prefix_caching=options.enable_prefix_caching, deterministic=deterministic,
         )
 
     def config(method: str, k: int | str, candidates: int) -> dict[str, Any]:
@@ -283,8 +283,8 @@ def build_runners(
         if spec.kind.peer:
             runners.append(_peer_runner(spec, target, assistant, options))
         elif not spec.kind.speculative:  # plain decoding
-            runners.append(SpecDecRunner(spec, llm(None)))
+            runners.append(SpecDecRunner(spec, llm(None, spec.deterministic)))
         else:
             settings = {**config(spec.method, spec.k, options.num_candidates), **(spec.overrides or {})}
-            runners.append(SpecDecRunner(spec, llm(_shared_draft_stages(settings, assistant))))
+            runners.append(SpecDecRunner(spec, llm(_shared_draft_stages(settings, assistant), spec.deterministic)))
     return runners

@@ -4,7 +4,11 @@ Computed from totals. With ``seconds`` the wall-clock time of the generate calls
 counted once, whatever the number of requests in it):
 
 - throughput (tok/s) = generated tokens / seconds; speedup = that over plain decoding's
-  throughput at the same batch size, on the same prompts;
+  throughput at the same batch size, on the same prompts (a method in deterministic mode: over plain
+  decoding in deterministic mode, when the run has it; see :func:`~specdec.bench.methods.reference_label`);
+- deterministic cost (a deterministic variant run beside its default twin, ``bench --deterministic
+  both``) = the twin's throughput / the variant's, at the same batch size on the same prompts: the
+  time the mode costs (above 1: slower);
 - per-request tok/s = the mean over requests of (request's tokens / its call's seconds);
 - per prompt: a request's speedup is its tok/s over plain decoding's on the same prompt (question,
   turn, seed and repeat); rows report the median over prompts with the min and max, which one slow
@@ -33,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specdec.bench.methods import REFERENCE, MethodSpec
+from specdec.bench.methods import REFERENCE, MethodSpec, reference_label
 from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
@@ -119,6 +123,8 @@ class SummaryRow:
     tokens_per_second_spread: float | None = None
     inner_alpha: float | None = None
     k_choices: dict[int, int] | None = None
+    deterministic: bool = False
+    deterministic_cost: float | None = None
 
 
 def _prompt_key(m: Measurement) -> tuple:
@@ -227,6 +233,7 @@ def _row(
         tokens_per_second_spread=spread,
         inner_alpha=merged.inner_acceptance_rate if merged is not None and merged.inner_draft_tokens else None,
         k_choices=dict(sorted(merged.k_choices.items())) if merged is not None and merged.k_choices else None,
+        deterministic=spec.deterministic,
     )
 
 
@@ -237,24 +244,44 @@ def summarize(
     calibration: Calibration | None = None,
 ) -> list[SummaryRow]:
     """Per batch size (ascending): one row per method that ran at it per category, then one per method
-    for ``overall``."""
+    for ``overall``; a deterministic variant's row carries its cost against its default twin's row."""
     calibration = calibration or Calibration()
     categories = list(dict.fromkeys(m.category for m in measurements))
     rows = []
     for batch_size in sorted({m.batch_size for m in measurements}):
         at_size = [m for m in measurements if m.batch_size == batch_size]
         ran = {m.method for m in at_size}
+        plains = {spec.label for spec in specs if spec.method == REFERENCE and spec.label in ran}
         for category in [*categories, OVERALL]:
             in_category = [m for m in at_size if category in (OVERALL, m.category)]
             if not in_category:
                 continue
-            reference = [m for m in in_category if m.method == REFERENCE]
-            ref_seconds = sum(_call_seconds(reference).values())
-            reference_tps = sum(len(m.token_ids) for m in reference) / ref_seconds if ref_seconds > 0 else None
-            by_prompt = {_prompt_key(m): rate for m in reference if (rate := _request_tps(m))}
+            references = {label: _reference(in_category, label) for label in plains}
             for spec in specs:
                 if spec.label in ran:
                     group = [m for m in in_category if m.method == spec.label]
+                    reference_tps, by_prompt = references.get(reference_label(spec.deterministic, plains),
+                                                              (None, {}))
                     rows.append(_row(spec, batch_size, category, group, reference_tps, greedy, calibration,
                                      by_prompt))
+    _deterministic_costs(rows, specs)
     return rows
+
+
+def _reference(measurements: Sequence[Measurement], label: str) -> tuple[float | None, dict[tuple, float]]:
+    """The throughput of the plain decoding labelled ``label`` among ``measurements``, and its tok/s per prompt."""
+    reference = [m for m in measurements if m.method == label]
+    seconds = sum(_call_seconds(reference).values())
+    tps = sum(len(m.token_ids) for m in reference) / seconds if seconds > 0 else None
+    return tps, {_prompt_key(m): rate for m in reference if (rate := _request_tps(m))}
+
+
+def _deterministic_costs(rows: Sequence[SummaryRow], specs: Sequence[MethodSpec]) -> None:
+    """Set each deterministic variant's cost: its default twin's tok/s over its own, in the same batch size
+    and category (left None where the twin did not run)."""
+    twins = {spec.label: spec.default_twin for spec in specs if spec.default_twin}
+    by_key = {(r.batch_size, r.category, r.label): r for r in rows}
+    for row in rows:
+        twin = by_key.get((row.batch_size, row.category, twins.get(row.label)))
+        if twin is not None and twin.tokens_per_second and row.tokens_per_second:
+            row.deterministic_cost = twin.tokens_per_second / row.tokens_per_second
