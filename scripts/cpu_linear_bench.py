@@ -26,7 +26,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.initialization import no_init_weights
 
 from specdec.models.base import ForwardBatch
-from specdec.models.fast_llama import FastLlamaLM, StaticKVPool
+from specdec.models.fast_llama import FastLlamaLM
+from specdec.models.kv_pool import PagedKVPool
 
 CPU = torch.device("cpu")
 
@@ -70,7 +71,7 @@ class Case:
 
     def __init__(self, lm: FastLlamaLM, context: list[int], rows: int) -> None:
         self.lm, self.context = lm, context
-        self.cache: StaticKVPool = lm.new_cache(rows, len(context) + 64)
+        self.cache: PagedKVPool = lm.new_cache(rows, len(context) + 64)
         for slot in range(rows):
             self._run(ForwardBatch.from_rows([context], [0], [slot], CPU, logits="last"))
 

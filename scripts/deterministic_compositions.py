@@ -46,7 +46,8 @@ def method_configs(draft: str) -> dict[str, dict | None]:
         # The embedded pair has one draft: it is both stages here (the machinery, not a useful cascade).
         "cascade": {"method": "cascade", "num_speculative_tokens": FIXED_K, "stages": [
             {**small, "num_speculative_tokens": 2}, small]},
-        "auto": {"method": "auto", "num_speculative_tokens": "auto"},
+        "auto": {"method": "auto", "num_speculative_tokens": "auto", "candidates": [
+            {"method": "ngram"}, {"method": "suffix"}, small, {"method": "eagle"}]},
         "draft_model_auto_k": {**small, "num_speculative_tokens": "auto"},
     }
 
