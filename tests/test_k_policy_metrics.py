@@ -58,9 +58,11 @@ def test_server_metrics_count_draft_lengths_and_steps_without_drafts():
 def test_bench_report_shows_the_policy_and_cascade_columns_only_when_filled():
     assert _k_choices({0: 1, 4: 3}) == "3.0 (25% off)"
     assert _k_choices(None) == "" and _k_choices({}) == ""
-    plain = SimpleNamespace(roofline=None, ideal_speedup=None, inner_alpha=None, k_choices=None)
+    plain = SimpleNamespace(roofline=None, ideal_speedup=None, inner_alpha=None, k_choices=None,
+                            deterministic_cost=None)
     names = [name for name, _ in _columns([plain])]
     assert "auto k" not in names and "inner α" not in names
-    auto = SimpleNamespace(roofline=None, ideal_speedup=None, inner_alpha=0.5, k_choices={2: 1})
+    auto = SimpleNamespace(roofline=None, ideal_speedup=None, inner_alpha=0.5, k_choices={2: 1},
+                           deterministic_cost=None)
     names = [name for name, _ in _columns([plain, auto])]
     assert "auto k" in names and "inner α" in names
