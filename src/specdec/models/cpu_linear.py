@@ -55,14 +55,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     :data:`FEW_ROWS` rows of more than :data:`ONE_ROW_WIDTH` is computed over :data:`FEW_ROWS`."""
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
+    if x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
+        return _packed(x, weight, bias)
+    return over_rows(_packed, x, FEW_ROWS, weight, bias)
+
+
+def _packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def over_rows(fn, x: torch.Tensor, rows: int, *args) -> torch.Tensor:
+    """``fn(x, *args)`` (a product over the last dim of ``x`` ``[..., in]``) computed over ``rows`` rows, at
+    least ``x``'s: the rows are padded with copies of the first and only theirs kept. Returns ``[..., out]``."""
     width = x.shape[-1]
-    rows = x.numel() // width
-    if rows >= FEW_ROWS or width <= ONE_ROW_WIDTH:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    flat = x.reshape(rows, width)
-    padded = torch.cat([flat, flat[:1].expand(FEW_ROWS - rows, -1)])
-    out = torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")
-    return out[:rows].view(*x.shape[:-1], -1)
+    count = x.numel() // width
+    flat = x.reshape(count, width)
+    padded = torch.cat([flat, flat[:1].expand(rows - count, -1)])
+    return fn(padded, *args)[:count].view(*x.shape[:-1], -1)
 
 
 def is_packed(weight: torch.Tensor) -> bool:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.models.cpu_linear import over_rows
+
 KEY_BLOCK = 64
 """Keys per block of :func:`attend`; the attended key length is padded to a multiple of it."""
 
@@ -45,13 +47,10 @@ def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
     kept. A oneDNN-packed bfloat16 weight needs no padding: every row count from 2 up takes the same kernel,
     and :func:`~.cpu_linear.linear` computes fewer rows than 4 as 4 where one row would take another.
     Returns ``[..., out]``."""
-    width = x.shape[-1]
-    count = x.numel() // width
+    count = x.numel() // x.shape[-1]
     if count % ROW_TILE == 0 or args[0].is_mkldnn:
         return fn(x, *args)
-    flat = x.reshape(count, width)
-    padded = torch.cat([flat, flat[:1].expand(ROW_TILE - count % ROW_TILE, -1)])
-    return fn(padded, *args)[:count].view(*x.shape[:-1], -1)
+    return over_rows(fn, x, count + ROW_TILE - count % ROW_TILE, *args)
 
 
 def pad_keys(key_len: int) -> int:
