@@ -137,3 +137,46 @@ def test_only_full_blocks_of_cached_entries_are_registered(target):
     assert pool.prefix.lookup(0, tokens[:BLOCK_SIZE]) is not None
     assert len(pool.prefix.by_key) == 1
     assert pool.match_prefix(1, tokens + [5]) == BLOCK_SIZE  # the second block is not shared
+
+
+@pytest.fixture(scope="module")
+def eagle_spec(target, tmp_path_factory):
+    """A random EAGLE head, sharp enough to be accepted: its layer attends over the hidden states of the
+    whole context (Medusa and MTP read the last position's only)."""
+    from test_heads import make_heads
+
+    folder = tmp_path_factory.mktemp("prefix_eagle")
+    make_heads(target, "eagle", folder, seed=11, scale=3.0)
+    return {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}
+
+
+def _chat_steps(llm: LLM, params) -> tuple[list[list[int]], list[list[int]]]:
+    """:func:`_chat`'s answers, and each turn's accepted drafts per step (which a drafter fed other hidden
+    states than the target's would change)."""
+    prompt, answers, accepted = list(SYSTEM), [], []
+    for turn in range(3):
+        handle = llm.submit({"prompt_token_ids": prompt}, params)
+        tokens, counts = [], []
+        while llm.scheduler.has_work:
+            for out in llm.step():
+                tokens += out.token_ids
+                counts.append(out.num_accepted)
+        answers.append(tokens)
+        accepted.append(counts)
+        assert handle.seq.finished
+        prompt = prompt + tokens + [11 + turn, 12, 13]
+    return answers, accepted
+
+
+def test_a_drafter_that_reads_hidden_states_reuses_the_history(target, eagle_spec):
+    """With a drafter that reads the target's hidden states, a chat turn finds the history's blocks with
+    their hidden states: the target feeds only the new tokens, and every accepted count and output token
+    is the one without the cache (a drafter handed only the new tokens' states drafts otherwise)."""
+    spec = eagle_spec
+    without, without_accepted = _chat_steps(_llm(target, False, speculative_config=spec), GREEDY)
+    assert sum(map(sum, without_accepted)) > 0  # the heads' drafts are accepted: the comparison has teeth
+    llm = _llm(target, True, speculative_config=spec)
+    answers, accepted = _chat_steps(llm, GREEDY)
+    assert answers == without and accepted == without_accepted
+    assert llm.engine.cache.prefix.hits >= 2 * (len(SYSTEM) // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE
+    assert llm.engine.cache.num_used_blocks == 0

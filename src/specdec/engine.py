@@ -35,6 +35,7 @@ from specdec.k_schedule import ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
+from specdec.models.prefix_cache import BlockFeatures
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost, tokens_fed
@@ -87,6 +88,11 @@ class Engine:
             drafter.bind_metrics(self.metrics)
         # The target's hidden states the drafter reads (returned by every forward, handed over verified).
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
+        # With prefix caching, those states of every cached entry, so that a hit hands them over too.
+        self.features = BlockFeatures(self.cache) if self.hidden_layers and self.cache.caches_prefixes else None
+        # A prefill wants those states of every prompt token but no logits: ``[0, H]`` head rows skip the head.
+        self._no_head = (torch.empty(0, target.config.hidden_size, dtype=target.dtype, device=target.device)
+                         if self.hidden_layers and target.supports_layer_subsets else None)
         self._clock = StageClock(target.device)
         # request id -> the target's hidden states of the prompt chunks fed so far ([n, layers, H] each;
         # none kept without a drafter that reads them), while a prompt is fed over several steps.
@@ -100,8 +106,9 @@ class Engine:
         after a preemption the output so far too.
 
         A sequence's first call empties its slot and shares the full blocks the prefix cache holds of its
-        context (not for a drafter that reads the target's hidden states: it needs them for every prompt
-        token); how far the context is cached is then its slot's length. A sequence whose first block is
+        context (with the target's hidden states of those entries, for a drafter that reads them: see
+        :class:`~specdec.models.prefix_cache.BlockFeatures`); how far the context is cached is then its slot's
+        length. A sequence whose first block is
         that of another one being fed (``n > 1``, a shared system prompt) waits until that one is done, so
         that it finds its blocks. Full blocks are registered in the prefix cache as they are fed.
 
@@ -110,7 +117,7 @@ class Engine:
         a prompt fed in chunks over several steps starts the drafter exactly as one fed at once."""
         clock = self._clock
         clock.start()
-        lookup = self.cache.caches_prefixes and not self.hidden_layers
+        lookup = self.cache.caches_prefixes
         budget = None if num_tokens is None else {id(s): n for s, n in zip(seqs, num_tokens)}
         done: list[Sequence] = []
         todo = seqs
@@ -120,15 +127,18 @@ class Engine:
             counts = left if budget is None else [min(budget[id(s)], n) for s, n in zip(active, left)]
             rows = [(s, n) for s, n in zip(active, counts) if n > 0]
             starts = [self.cache.lengths[s.slot] for s, _ in rows]
-            by_slot = {s.slot: s for s, _ in rows}
+            by_slot = {s.slot: (s, a) for (s, _), a in zip(rows, starts)}
             for batch in prefill_batches([s.token_ids[a: a + n] for (s, n), a in zip(rows, starts)],
                                          [s.slot for s, _ in rows], self.target.device, starts=starts):
                 if self.hidden_layers:
-                    batch.hidden_layers, batch.logits_rows = self.hidden_layers, None
+                    batch.hidden_layers, batch.logits_rows, batch.output_head = self.hidden_layers, None, self._no_head
                 out = self.target.forward(batch, self.cache)
                 if self.hidden_layers:
                     for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
-                        self._prefilling[by_slot[slot].request_id].append(out.hidden[a:b])
+                        self._prefilling[by_slot[slot][0].request_id].append(out.hidden[a:b])
+                if self.features is not None:
+                    self.features.write([r for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:])
+                                         for r in self.cache.rows_of(slot, by_slot[slot][1], b - a)], out.hidden)
             for s in active:
                 self.cache.commit_prefix(s.slot, s.token_ids)
             ready = [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
@@ -161,9 +171,8 @@ class Engine:
             if lookup and len(s.token_ids) > size:
                 firsts.add(first)
             self.cache.release(s.slot)
-            if lookup:
-                self.cache.match_prefix(s.slot, s.token_ids)
-            self._prefilling[s.request_id] = []
+            cached = self.cache.match_prefix(s.slot, s.token_ids) if lookup else 0
+            self._prefilling[s.request_id] = [self.features.read(s.slot, cached)] if cached and self.features else []
         return [s for s in seqs if s.request_id in self._prefilling]
 
     def _start_drafter(self, ready: list[Sequence]) -> None:
@@ -279,9 +288,9 @@ class Engine:
         #    token or the token budget; roll each slot back to L+1+a.
         outputs = []
         accepted = []
-        for s, row, drafted in zip(seqs, result, num_drafted):
+        pending_at = [len(s.token_ids) - 1 for s in seqs]  # each row's position L
+        for s, row, drafted, start in zip(seqs, result, num_drafted, pending_at):
             n = row[-1]
-            start = len(s.token_ids) - 1
             kept = s.commit(row[: n + 1])
             if s.grammar is not None:
                 s.grammar.commit(kept)
@@ -292,16 +301,21 @@ class Engine:
             outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))
         if any(s.params.logprobs is not None for s in seqs):
             self._logprobs(seqs, outputs, verified, paths)
+        if self.hidden_layers:  # forward rows of each row's verified positions: the pending token, the accepted drafts
+            cu = batch.cu_seqlens
+            verified_rows = [[cu[b] + j for j in (0, *(p + 1 for p in path))] for b, path in enumerate(paths)]
+        if self.features is not None:  # those positions' states, kept with their entries (finished rows too)
+            self.features.write([r for s, start, rows in zip(seqs, pending_at, verified_rows)
+                                 for r in self.cache.rows_of(s.slot, start, len(rows))],
+                                forward.hidden[[r for rows in verified_rows for r in rows]])
         clock.lap("other")
 
         # 5. Observe: the drafter rolls back its own state for the rows that go on.
         if self.drafter is not None:
             going_on = [(s, a) for s, a in zip(seqs, accepted) if not s.finished]
             if going_on and self.hidden_layers:  # the verified positions: the pending token and the accepted drafts
-                cu = batch.cu_seqlens
                 self.drafter.observe_hidden([s for s, _ in going_on], [
-                    forward.hidden[[cu[b] + j for j in (0, *(p + 1 for p in paths[b]))]]
-                    for b, s in enumerate(seqs) if not s.finished])
+                    forward.hidden[verified_rows[b]] for b, s in enumerate(seqs) if not s.finished])
             if going_on and width > 0 and self.drafter.wants_node_argmax:
                 self.drafter.observe_node_argmax([s for s, _ in going_on],
                                                  [r for s, r in zip(seqs, node_argmax) if not s.finished])

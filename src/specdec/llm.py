@@ -35,7 +35,7 @@ from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams, check_text
-from specdec.scheduler import Scheduler, max_num_batched_tokens_of
+from specdec.scheduler import Scheduler, max_num_batched_tokens_of, paces_prefill
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
@@ -127,7 +127,11 @@ class LLM:
     and verify forwards lazily, per shape bucket). ``enable_chunked_prefill`` (default on, as vLLM's
     V1): prompts are fed in chunks beside the running sequences' steps, at most
     ``max_num_batched_tokens`` tokens per step (default: see
-    :func:`specdec.scheduler.max_num_batched_tokens_of`); off, each prompt is fed whole at admission.
+    :func:`specdec.scheduler.max_num_batched_tokens_of`; on a CPU the default is also paced by measured
+    time in a server, :mod:`specdec.prefill_pacer`); off, each prompt is fed whole at admission.
+    ``serving``: the defaults of an online server (``specdec serve`` sets it), like vLLM's usage context:
+    on a CPU, chunked prefill's default budget is paced to keep the running streams' latency, which
+    offline would cost a batch's throughput.
     ``kv_cache_memory``: bytes (or ``"4GiB"``) of the target's paged KV pool (default: room for
     ``max_num_seqs`` full sequences); a draft model's pool holds as many tokens. Sequences are admitted
     while blocks are free and the least advanced one is preempted (recomputed later) when they run out.
@@ -158,6 +162,7 @@ class LLM:
         kv_cache_memory: int | str | None = None,
         enable_prefix_caching: bool = True,
         deterministic: bool = False,
+        serving: bool = False,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -165,6 +170,8 @@ class LLM:
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
         if not isinstance(enable_chunked_prefill, bool):
             raise SpecDecError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
+        if not isinstance(serving, bool):
+            raise SpecDecError(f"serving must be True or False, got {serving!r}")
         if not isinstance(enable_prefix_caching, bool):
             raise SpecDecError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
@@ -199,7 +206,8 @@ class LLM:
                              enable_prefix_caching, deterministic)
         self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
                                                                 max_num_seqs, self.device)
-        self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens,
+                                   paces_prefill(enable_chunked_prefill, max_num_batched_tokens, self.device, serving))
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
         self._ids = itertools.count()

@@ -14,7 +14,9 @@ step of the sequences already running, so that a long prompt does not stall them
 gives the decoding rows their tokens first (one per row plus the drafts the previous step fed,
 the estimate of this step's); what is left of the token budget goes to the prompts being fed,
 oldest first, at least :data:`MIN_PREFILL_CHUNK` tokens per step so that a prompt is never starved
-by a saturated batch. A sequence whose prompt is cached (but its pending token) joins the decoding
+by a saturated batch. In a server at the CPU's default budget the prompts' share is also paced by measured
+time, so that a step's prefill takes no longer than its decoding step (:mod:`specdec.prefill_pacer`). A
+sequence whose prompt is cached (but its pending token) joins the decoding
 step of the same step. Without a budget every admitted prompt is fed whole at admission.
 Chunking changes only when the prompt's tokens are fed: the cache, the drafter's state and so
 every output are those of a prompt fed at once (tested).
@@ -22,12 +24,14 @@ every output are those of a prompt fed at once (tested).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import torch
 
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
+from specdec.prefill_pacer import PrefillPacer
 from specdec.sequence import Sequence
 
 MIN_PREFILL_CHUNK = 32
@@ -37,7 +41,16 @@ MIN_PREFILL_CHUNK = 32
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 128}
 """The token budget of a step by device type (vLLM's V1 online-serving default on a GPU, where a forward
 of a few thousand tokens costs little more than a decoding step; on a CPU a forward's cost grows with
-every token, so a chunk about as long as a decoding step of a full batch keeps the inter-token latency)."""
+every token, and 128-token chunks are also the cheaper prefill per token: 16 prompts of the ``1b`` shape
+took 11.1 s fed at once, 4-5 s in 128-token chunks). In a server the CPU's budget is also paced by
+measured time (:mod:`specdec.prefill_pacer`)."""
+
+
+def paces_prefill(enabled: bool, value: object, device: torch.device, serving: bool) -> bool:
+    """Whether the step's prompt tokens are paced by measured time (:mod:`specdec.prefill_pacer`): in a
+    server with chunked prefill at the default budget on a CPU (a budget given is a number of tokens, kept
+    as given)."""
+    return enabled and serving and value is None and device.type == "cpu"
 
 
 def max_num_batched_tokens_of(enabled: bool, value: object, max_num_seqs: int, device: torch.device) -> int | None:
@@ -70,11 +83,14 @@ def check_max_num_batched_tokens(value: object, max_num_seqs: int) -> int | None
 class Scheduler:
     """Owns the queue and the running batch of one :class:`Engine` (``num_slots`` slots);
     ``max_num_batched_tokens``: the token budget of a step with chunked prefill (None: prompts are fed
-    whole at admission)."""
+    whole at admission); ``paced``: the prompts' share of it is also kept within a decoding step's measured
+    time (:mod:`specdec.prefill_pacer`)."""
 
-    def __init__(self, engine: Engine, num_slots: int, max_num_batched_tokens: int | None = None) -> None:
+    def __init__(self, engine: Engine, num_slots: int, max_num_batched_tokens: int | None = None,
+                 paced: bool = False) -> None:
         self.engine = engine
         self.max_num_batched_tokens = check_max_num_batched_tokens(max_num_batched_tokens, num_slots)
+        self.pacer = PrefillPacer() if paced and self.max_num_batched_tokens is not None else None
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []  # admitted, prompt partly fed (chunked prefill), in arrival order
         self.running: list[Sequence] = []
@@ -131,7 +147,11 @@ class Scheduler:
         self.prefilling.extend(admitted)
         self._preempt()
         if self.prefilling:
-            started = self.engine.prefill(self.prefilling, self._chunks())
+            chunks = self._chunks()
+            tic = time.perf_counter()
+            started = self.engine.prefill(self.prefilling, chunks)
+            if self.pacer is not None:
+                self.pacer.observe_prefill(sum(chunks), time.perf_counter() - tic)
             if started:
                 ids = {id(s) for s in started}
                 self.prefilling = [s for s in self.prefilling if id(s) not in ids]
@@ -139,7 +159,10 @@ class Scheduler:
                 self.running.sort(key=lambda s: s.slot)
         if not self.running:
             return []
+        tic = time.perf_counter()
         outputs = self.engine.step(self.running)
+        if self.pacer is not None:
+            self.pacer.observe_step(time.perf_counter() - tic)
         self._last_drafted = sum(out.num_drafted for out in outputs)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
@@ -152,6 +175,8 @@ class Scheduler:
             return None
         decoding = len(self.running) + (self._last_drafted if self.running else 0)
         budget = max(self.max_num_batched_tokens - decoding, min(MIN_PREFILL_CHUNK, self.max_num_batched_tokens))
+        if self.pacer is not None:
+            budget = self.pacer.budget(budget, running=bool(self.running))
         lengths = self.engine.cache.lengths
         chunks = []
         for seq in self.prefilling:

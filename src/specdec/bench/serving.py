@@ -202,7 +202,8 @@ def run_method(method: str, args, workloads: dict[str, Any] | None) -> tuple[dic
     target, draft = require_default_pair()
     llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft)),
               max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
-              enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens)
+              enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
+              serving=True)
     workloads = workloads or build_workloads(llm, args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True, seed=None)
     drive(llm, [Client(copy.deepcopy(workloads["code"][:4]))], params)  # warm-up: shapes, the policy's first fits

@@ -9,12 +9,22 @@ is unreachable and can never match a new block that happens to reuse the parent'
 A registered block stays in the cache while sequences reference it and after (then it is
 *evictable*, kept in least-recently-used order); :class:`~.kv_pool.PagedKVPool` takes evictable
 blocks only when no block is free, oldest first.
+
+:class:`BlockFeatures` keeps the target's hidden states of the same rows, for the drafters that read them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdec.models.base import to_device
+
+if TYPE_CHECKING:
+    from specdec.models.kv_pool import PagedKVPool
 
 Key = tuple[int, tuple[int, ...]]
 
@@ -66,3 +76,26 @@ class PrefixCache:
         self.key_of.clear()
         self.cid_of.clear()
         self.evictable.clear()
+
+
+class BlockFeatures:
+    """The target's hidden states of a paged pool's cached entries, row for row with its keys and values, for
+    a drafter that reads them (EAGLE, EAGLE-3, Medusa, MTP): a prefix-cache hit hands such a drafter the
+    hidden states of the cached context, which the target does not compute again, so the drafter starts
+    from exactly the states it would have had without the cache. ``rows`` ``[num_blocks * B, L, H]`` (``L``
+    the layers the drafter reads, ``H`` the hidden width) is allocated at the first write; a shared block's
+    rows were written by the sequence that computed it, and are never written again, like its keys."""
+
+    def __init__(self, pool: PagedKVPool) -> None:
+        self.pool = pool
+        self.rows: torch.Tensor | None = None
+
+    def write(self, index: list[int], hidden: torch.Tensor) -> None:
+        """Store ``hidden`` ``[n, L, H]`` at pool rows ``index`` (``n`` of them, from :meth:`PagedKVPool.rows_of`)."""
+        if self.rows is None:
+            self.rows = hidden.new_empty((self.pool.num_blocks * self.pool.block_size, *hidden.shape[1:]))
+        self.rows[to_device(index, hidden.device)] = hidden
+
+    def read(self, slot: int, count: int) -> torch.Tensor:
+        """The hidden states of slot ``slot``'s first ``count`` entries, ``[count, L, H]`` (``count`` > 0, written)."""
+        return self.rows[to_device(self.pool.rows_of(slot, 0, count), self.rows.device)]

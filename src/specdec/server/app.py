@@ -446,4 +446,4 @@ def default_llm() -> LLM:
 
     target, draft = require_default_pair()
     return LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft),
-                                                "num_speculative_tokens": 4})
+                                                "num_speculative_tokens": 4}, serving=True)

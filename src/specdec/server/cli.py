@@ -132,7 +132,7 @@ def run_serve(args: argparse.Namespace) -> int:
                       enable_chunked_prefill=args.enable_chunked_prefill,
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
-                      deterministic=args.deterministic)
+                      deterministic=args.deterministic, serving=True)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     if settings is not None:
         app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,
