@@ -9,10 +9,12 @@ request (per-shape kernel state, leaks) shows.
 
 ``--server``: starts ``specdec serve`` (the embedded pair, draft_model k=4) on a free loopback port
 and runs ``--runs`` load runs of ``--streams`` streaming completions each (``--concurrency`` in
-flight, ``--disconnect-fraction`` of them closed early by the client), printing the server's
-resident memory and the requests still running after each run.
+flight, ``--disconnect-fraction`` of them closed early by the client), printing after each run the
+server's resident memory, the requests still running, the KV blocks still in use and the preemptions
+so far; a greedy completion sent before the first run and after the last one must be identical.
 
-    python scripts/memory_soak.py --server --runs 20 --streams 100
+    python scripts/memory_soak.py --server --runs 5 --streams 100 --concurrency 100   # 30% disconnect
+    python scripts/memory_soak.py --server --runs 1 --streams 1000 --concurrency 64 --disconnect-fraction 0
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ def server_soak(args: argparse.Namespace) -> None:
         words = ["the", "a", "cat", "sat", "on", "mat", "and", "then", "went", "to", "sleep", "while", "dog", "ran",
                  "far", "away"]
         prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))) for _ in range(200)]
-        print(f"server pid {server.pid}, started: {process_rss_mib(server.pid):.0f} MiB", flush=True)
+        def greedy() -> str:
+            body = {"prompt": "def fibonacci(n):", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+            return httpx.post(root + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+        before = greedy()
+        start = process_rss_mib(server.pid)
+        print(f"server pid {server.pid}, started: {start:.0f} MiB", flush=True)
         for run in range(1, args.runs + 1):
             results, seconds = asyncio.run(run_level(root + "/v1", None, prompts, args.concurrency, args.streams,
                                                      args.stream_tokens, 0.8, {}, args.disconnect_fraction, rng))
@@ -74,8 +82,11 @@ def server_soak(args: argparse.Namespace) -> None:
             errors = sum(r.error is not None for r in results)
             print(f"run {run:2d}: {seconds:5.1f} s, {sum(r.tokens for r in results)} tokens, "
                   f"{sum(r.disconnected for r in results)} disconnected, {errors} errors, running "
-                  f"{gauges.get('running', float('nan')):.0f}, RSS "
-                  f"{process_rss_mib(server.pid):.0f} MiB", flush=True)
+                  f"{gauges.get('running', float('nan')):.0f}, KV usage {gauges.get('kv_usage', float('nan')):.3f}, "
+                  f"preemptions {gauges.get('preemptions', float('nan')):.0f}, RSS "
+                  f"{process_rss_mib(server.pid):.0f} MiB ({100 * (process_rss_mib(server.pid) / start - 1):+.1f}%)",
+                  flush=True)
+        print(f"greedy completion identical before and after: {greedy() == before}", flush=True)
     finally:
         server.terminate()
         server.wait(60)

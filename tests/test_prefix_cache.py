@@ -179,4 +179,19 @@ def test_a_drafter_that_reads_hidden_states_reuses_the_history(target, eagle_spe
     answers, accepted = _chat_steps(llm, GREEDY)
     assert answers == without and accepted == without_accepted
     assert llm.engine.cache.prefix.hits >= 2 * (len(SYSTEM) // BLOCK_SIZE) * BLOCK_SIZE + BLOCK_SIZE
-    assert llm.engine.cache.num_used_blocks == 0
+    assert llm.engine.drafter.cache.prefix.hits >= 2 * BLOCK_SIZE  # the EAGLE layer's own pool too
+    assert llm.engine.cache.num_used_blocks == 0 and llm.engine.drafter.cache.num_used_blocks == 0
+
+
+def test_eagle_pool_keys_cover_the_token_after_each_entry_and_the_first():
+    """Entry ``j`` of an EAGLE pool pairs ``f_j`` with ``t_{j+1}``: two contexts that differ only at the
+    token after a block's last entry, or only at their first token, must not share that block."""
+    from specdec.drafters.heads.eagle import PairKeys
+
+    a = list(range(1, 40))
+    b = a[:32] + [99] + a[33:]  # differs at t_32, the pair token of entry 31 (the second block's last)
+    assert PairKeys(a, 100)[0:16] == PairKeys(b, 100)[0:16]
+    assert PairKeys(a, 100)[16:32] != PairKeys(b, 100)[16:32]
+    c = [7] + a[1:]  # differs at t_0 only
+    assert PairKeys(a, 100)[0:16] != PairKeys(c, 100)[0:16] and PairKeys(a, 100)[16:32] == PairKeys(c, 100)[16:32]
+    assert len(PairKeys(a, 100)) == len(a) - 1 and a == list(range(1, 40))  # the tokens are not changed

@@ -143,14 +143,16 @@ def summarize(results: list[Result], seconds: float, concurrency: int) -> dict[s
 
 
 def scrape(base_url: str, headers: dict[str, str]) -> dict[str, float]:
-    """Running/waiting requests and the server's resident memory, from its ``/metrics``."""
+    """Running/waiting requests, the server's resident memory, its KV-cache usage (0 to 1) and preemptions so
+    far, from its ``/metrics``."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     root = base_url.rstrip("/").removesuffix("/v1")
     text = httpx.get(root + "/metrics", headers=headers, timeout=30).text
     wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "process_resident_memory_bytes": "rss_bytes"}
+              "process_resident_memory_bytes": "rss_bytes", "vllm:kv_cache_usage_perc": "kv_usage",
+              "vllm:num_preemptions_total": "preemptions"}
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -60,6 +60,27 @@ def eagle_config(spec: HeadSpec) -> LlamaConfig:
                        rms_norm_eps=spec.rms_norm_eps, **layer)
 
 
+class PairKeys:
+    """The prefix-cache keys of an EAGLE pool's entries, for a sequence of tokens ``t``: entry ``j`` holds the
+    pair ``(f_j, t_{j+1})``, which depends on ``t_0 .. t_{j+1}`` (``f_j`` on ``t_0 .. t_j``), so its key is
+    ``t_{j+1}``, and entry 0's folds in ``t_0`` as ``t_0 V + t_1`` (``V`` the vocabulary size): a block's key
+    with its parents' then covers every token its entries depend on. ``len`` is the entries ``t`` gives
+    pairs for (``len(t) - 1``); only slices are read (what the pool's prefix caching reads)."""
+
+    def __init__(self, token_ids: list[int], vocab_size: int) -> None:
+        self.ids, self.vocab_size = token_ids, vocab_size
+
+    def __len__(self) -> int:
+        return max(0, len(self.ids) - 1)
+
+    def __getitem__(self, index: slice) -> list[int]:
+        start, stop, _ = index.indices(len(self))
+        keys = self.ids[start + 1 : stop + 1]
+        if start == 0 and keys:
+            keys[0] += self.ids[0] * self.vocab_size
+        return keys
+
+
 @register_drafter
 class EagleDrafter(HeadDrafter):
     """Chain drafts from an EAGLE layer run by specdec's fast backend over its own KV pool.
@@ -94,15 +115,21 @@ class EagleDrafter(HeadDrafter):
                    "for the default pair, or a published EAGLE-1/2/3 head)")
 
     def __init__(self, target: CausalLM, spec: HeadSpec, module: EagleLayer | PublishedEagle, num_slots: int,
-                 capacity: int, layer: CausalLM | None = None, embed: torch.Tensor | None = None) -> None:
-        """``layer``: the backend running the layer (None: specdec's fast backend over ``module.decoder``);
-        ``embed``: the layer's own token embedding ``[V, H]`` (None: the target's)."""
+                 capacity: int, layer: CausalLM | None = None, embed: torch.Tensor | None = None,
+                 prefix_caching: bool = False) -> None:
+        """``layer``: the backend running the layer (None: specdec's fast backend over ``module.decoder``, whose
+        pool caches prefixes with ``prefix_caching``, see :class:`PairKeys`); ``embed``: the layer's own token
+        embedding ``[V, H]`` (None: the target's)."""
         super().__init__(target, spec, module)
         self.hidden_layers = tuple(spec.feature_layers) or (-1,)  # EAGLE-3: the fused layers
         if embed is not None:
             self.embed = embed
-        self.layer = layer or FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
-        self.cache = self.layer.new_cache(num_slots, capacity)
+        if layer is None:
+            layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
+            self.cache = layer.new_cache(num_slots, capacity, prefix_caching=prefix_caching)
+        else:
+            self.cache = layer.new_cache(num_slots, capacity)
+        self.layer = layer
 
     @classmethod
     def build(cls, target: CausalLM, spec: HeadSpec, state: dict[str, torch.Tensor], folder: Path,
@@ -116,7 +143,8 @@ class EagleDrafter(HeadDrafter):
             raise SpecDecError(f"the eagle heads in {str(folder)!r}: feature layers {spec.feature_layers} must be "
                                "distinct non-negative indices")
         module = load_module(EagleLayer(eagle_config(spec), embed, lm_head, len(layers)), state, folder)
-        return cls(target, spec, module, options.num_slots, options.max_model_len)
+        return cls(target, spec, module, options.num_slots, options.max_model_len,
+                   prefix_caching=options.prefix_caching)
 
     @classmethod
     def build_published(cls, target: CausalLM, folder: Path, options: LoadOptions) -> EagleDrafter:
@@ -128,8 +156,23 @@ class EagleDrafter(HeadDrafter):
         return cls(target, spec, module, options.num_slots, options.max_model_len, layer=layer, embed=embed)
 
     def add(self, seqs: list[Sequence]) -> None:
+        """Start each sequence's pool from the cached blocks of its context's pairs, if any: their features
+        (handed over for the whole context) are then not fed again."""
         for s in seqs:
             self.cache.release(s.slot)
+            cached = self.cache.match_prefix(s.slot, PairKeys(s.token_ids, self.target.vocab_size))
+            if cached:
+                parts = self.features[s.request_id]
+                self.features[s.request_id] = [(parts[0] if len(parts) == 1 else torch.cat(parts))[cached:]]
+
+    def _commit(self, seqs: list[Sequence], committed: dict[int, int]) -> None:
+        """Set the pool back to the target-feature pairs (``committed``: slot -> entries) and register their
+        full blocks for later contexts that begin the same way."""
+        by_slot = {s.slot: s for s in seqs}
+        for slot, length in committed.items():
+            self.cache.set_length(slot, length)
+            if self.cache.caches_prefixes:
+                self.cache.commit_prefix(slot, PairKeys(by_slot[slot].token_ids, self.target.vocab_size))
 
     def release(self, seq: Sequence) -> None:
         super().release(seq)
@@ -195,8 +238,7 @@ class EagleDrafter(HeadDrafter):
                 step.input_hidden = self._inputs(feature, token)
                 out = self._forward(step)
                 logits, feature = out.logits, out.hidden[:, 0]
-        for slot, length in committed.items():
-            cache.set_length(slot, length)
+        self._commit(seqs, committed)
         return DraftBatch(tokens, ks, probs)
 
     def _propose_tree(self, seqs: list[Sequence], ks: list[int], fed: list[int], out: ForwardOutput,
@@ -251,8 +293,7 @@ class EagleDrafter(HeadDrafter):
                            step.hidden[:, 0].view(count, r, -1))
             predicted = grown
             logprobs = F.log_softmax(step.logits.to(score_dtype), dim=-1).view(count, r, -1)
-        for slot, length in committed.items():
-            cache.set_length(slot, length)
+        self._commit(seqs, committed)
         tokens, parents, num_draft = prune(tree, [ks[b] for b in rows])
         index = to_device(rows, device)
         full_tokens = tokens.new_zeros(len(seqs), tokens.shape[1])
