@@ -84,3 +84,28 @@ def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
 def test_bench_serve_bad_methods(capsys):
     assert main(["bench-serve", "--in-process", "--methods", "plain,nope"]) == 2
     assert "--methods takes a comma-separated list" in capsys.readouterr().err
+
+
+def test_bench_serve_in_process_at_a_shape(tmp_path, capsys):
+    """--shape runs the serving benchmark on the embedded pair inflated to that shape, and says so."""
+    out = tmp_path / "serve.json"
+    code = main(["bench-serve", "--in-process", "--shape", "tiny", "--shape-cache", str(tmp_path / "cache"),
+                 "--methods", "plain,draft_model", "--workloads", "code", "--concurrency", "1", "--max-tokens", "4",
+                 "--num-requests", "2", "--json", str(out)])
+    assert code == 0
+    assert "shape tiny, the embedded pair inflated" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["settings"]["shape"] == "tiny"
+    assert {(r["method"], r["workload"]) for r in data["rows"]} == {("plain", "code"), ("draft_model", "code")}
+    assert all(r["tokens"] > 0 for r in data["rows"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "tiny"], "take --in-process"),
+    (["--in-process", "--shape-cache", "x", "--methods", "plain", "--workloads", "code", "--concurrency", "1"],
+     "--shape-cache needs --shape"),
+])
+def test_bench_serve_shape_flags_need_their_partners(argv, message, capsys):
+    assert main(["bench-serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

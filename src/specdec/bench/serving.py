@@ -197,9 +197,8 @@ def build_workloads(llm, args) -> dict[str, Any]:
 def run_method(method: str, args, workloads: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every workload and concurrency for one method: its rows (JSON-ready)."""
     from specdec import LLM, SamplingParams
-    from specdec.assets import require_default_pair
 
-    target, draft = require_default_pair()
+    target, draft = pair_folders(args)
     llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft)),
               max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
               enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -289,6 +288,21 @@ def table(comparison: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def pair_folders(args) -> tuple[Path, Path]:
+    """The target and draft folders: the embedded pair, or with ``--shape`` the pair inflated to that shape
+    (its heads inside the target folder, as ``specdec bench --shape`` runs it)."""
+    if args.shape is None:
+        from specdec.assets import require_default_pair
+
+        if args.shape_cache is not None:
+            raise SpecDecError("--shape-cache needs --shape")
+        return require_default_pair()
+    from specdec.inflate.pair import cached_pair
+
+    pair = cached_pair(args.shape, args.shape_cache)
+    return pair.target, pair.draft
+
+
 def run_in_process(args) -> int:
     """``specdec bench-serve --in-process``: every method in turn (one ``LLM`` at a time), then the table."""
     from transformers.utils import logging as hf_logging
@@ -307,6 +321,10 @@ def run_in_process(args) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
     args.workloads = workloads_named
+    if args.shape is not None:
+        from specdec.inflate.pair import cached_pair
+
+        print(f"bench-serve: shape {cached_pair(args.shape, args.shape_cache).describe()}", flush=True)
     workloads, rows = None, []
     for method in methods:
         workloads, method_rows = run_method(method, args, workloads)

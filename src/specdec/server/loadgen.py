@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
+from specdec.shapes import TARGET_SHAPES
 
 
 @dataclass
@@ -214,6 +215,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--flood-prompt-tokens", type=int, default=448, help="tokens of each flood prompt (default 448)")
     g.add_argument("--flood-stream-tokens", type=int, default=96,
                    help="tokens each measured stream generates in the flood workload (default 96)")
+    g.add_argument("--shape", choices=list(TARGET_SHAPES), metavar="SHAPE",
+                   help="the embedded pair and its heads inflated to a real shape with the same logits "
+                   f"({', '.join(TARGET_SHAPES)}; docs/shapes.md), built once into --shape-cache")
+    g.add_argument("--shape-cache", type=Path, default=None, metavar="DIR",
+                   help="where inflated pairs are kept (default: specdec's cache folder)")
     p.set_defaults(func=run_bench_serve)
 
 
@@ -224,6 +230,9 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         from specdec.bench.serving import run_in_process
 
         return run_in_process(args)
+    if args.shape is not None or args.shape_cache is not None:
+        raise SpecDecError("--shape and --shape-cache pick the in-process benchmark's models; they take --in-process "
+                           "(a server runs the model it was started with)")
 
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
