@@ -80,12 +80,12 @@ def server_soak(args: argparse.Namespace) -> None:
                                                      args.stream_tokens, 0.8, {}, args.disconnect_fraction, rng))
             gauges = settle(root + "/v1", {})
             errors = sum(r.error is not None for r in results)
+            rss = process_rss_mib(server.pid)
             print(f"run {run:2d}: {seconds:5.1f} s, {sum(r.tokens for r in results)} tokens, "
                   f"{sum(r.disconnected for r in results)} disconnected, {errors} errors, running "
                   f"{gauges.get('running', float('nan')):.0f}, KV usage {gauges.get('kv_usage', float('nan')):.3f}, "
-                  f"preemptions {gauges.get('preemptions', float('nan')):.0f}, RSS "
-                  f"{process_rss_mib(server.pid):.0f} MiB ({100 * (process_rss_mib(server.pid) / start - 1):+.1f}%)",
-                  flush=True)
+                  f"preemptions {gauges.get('preemptions', float('nan')):.0f}, RSS {rss:.0f} MiB "
+                  f"({100 * (rss / start - 1):+.1f}%)", flush=True)
         print(f"greedy completion identical before and after: {greedy() == before}", flush=True)
     finally:
         server.terminate()

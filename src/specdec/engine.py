@@ -301,13 +301,14 @@ class Engine:
             outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))
         if any(s.params.logprobs is not None for s in seqs):
             self._logprobs(seqs, outputs, verified, paths)
-        if self.hidden_layers:  # forward rows of each row's verified positions: the pending token, the accepted drafts
+        if self.hidden_layers:  # the states of each row's verified positions: the pending token, the accepted drafts
             cu = batch.cu_seqlens
-            verified_rows = [[cu[b] + j for j in (0, *(p + 1 for p in path))] for b, path in enumerate(paths)]
-        if self.features is not None:  # those positions' states, kept with their entries (finished rows too)
-            self.features.write([r for s, start, rows in zip(seqs, pending_at, verified_rows)
-                                 for r in self.cache.rows_of(s.slot, start, len(rows))],
-                                forward.hidden[[r for rows in verified_rows for r in rows]])
+            sizes = [len(path) + 1 for path in paths]
+            verified_hidden = forward.hidden[[cu[b] + j for b, path in enumerate(paths)
+                                              for j in (0, *(p + 1 for p in path))]]
+        if self.features is not None:  # kept with their entries (finished rows too)
+            self.features.write([r for s, start, n in zip(seqs, pending_at, sizes)
+                                 for r in self.cache.rows_of(s.slot, start, n)], verified_hidden)
         clock.lap("other")
 
         # 5. Observe: the drafter rolls back its own state for the rows that go on.
@@ -315,7 +316,7 @@ class Engine:
             going_on = [(s, a) for s, a in zip(seqs, accepted) if not s.finished]
             if going_on and self.hidden_layers:  # the verified positions: the pending token and the accepted drafts
                 self.drafter.observe_hidden([s for s, _ in going_on], [
-                    forward.hidden[verified_rows[b]] for b, s in enumerate(seqs) if not s.finished])
+                    h for h, s in zip(verified_hidden.split(sizes), seqs) if not s.finished])
             if going_on and width > 0 and self.drafter.wants_node_argmax:
                 self.drafter.observe_node_argmax([s for s, _ in going_on],
                                                  [r for s, r in zip(seqs, node_argmax) if not s.finished])

@@ -19,9 +19,8 @@ from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
 from specdec.errors import SpecDecError
 from specdec.generate_cli import add_kv_flags
-from specdec.inflate.pair import CACHE_ENV
+from specdec.inflate.pair import add_shape_flags
 from specdec.jsonl import json_object
-from specdec.shapes import TARGET_SHAPES
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -39,20 +38,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         "tokenizer (prompts are random token ids): "
         + "; ".join(f"{name}: {shape.description}" for name, shape in SHAPES.items()),
     )
-    models.add_argument(
-        "--shape",
-        choices=list(TARGET_SHAPES),
-        metavar="SHAPE",
-        help="instead of --model, the embedded pair and its heads inflated to a real shape with the same logits "
-        f"({', '.join(TARGET_SHAPES)}; docs/shapes.md), built once into --shape-cache",
-    )
-    models.add_argument(
-        "--shape-cache",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help=f"with --shape, where inflated pairs are kept (default ${CACHE_ENV}, else ~/.cache/specdec/shapes)",
-    )
+    add_shape_flags(models, "--model")
     models.add_argument(
         "--draft-synthetic",
         choices=[*SHAPES, SAME],

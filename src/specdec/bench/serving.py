@@ -194,11 +194,11 @@ def build_workloads(llm, args) -> dict[str, Any]:
     return {"code": ids, "chat_prefix": prefix, "chat_questions": [q[:40] for q in ids], "long": long}
 
 
-def run_method(method: str, args, workloads: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every workload and concurrency for one method: its rows (JSON-ready)."""
+def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
+               draft: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready)."""
     from specdec import LLM, SamplingParams
 
-    target, draft = pair_folders(args)
     llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft)),
               max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
               enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -290,7 +290,7 @@ def table(comparison: list[dict[str, Any]]) -> str:
 
 def pair_folders(args) -> tuple[Path, Path]:
     """The target and draft folders: the embedded pair, or with ``--shape`` the pair inflated to that shape
-    (its heads inside the target folder, as ``specdec bench --shape`` runs it)."""
+    (its heads inside the target folder, as ``specdec bench --shape`` runs it; the shape is printed)."""
     if args.shape is None:
         from specdec.assets import require_default_pair
 
@@ -300,6 +300,7 @@ def pair_folders(args) -> tuple[Path, Path]:
     from specdec.inflate.pair import cached_pair
 
     pair = cached_pair(args.shape, args.shape_cache)
+    print(f"bench-serve: shape {pair.describe()}", flush=True)
     return pair.target, pair.draft
 
 
@@ -321,13 +322,10 @@ def run_in_process(args) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
     args.workloads = workloads_named
-    if args.shape is not None:
-        from specdec.inflate.pair import cached_pair
-
-        print(f"bench-serve: shape {cached_pair(args.shape, args.shape_cache).describe()}", flush=True)
+    target, draft = pair_folders(args)
     workloads, rows = None, []
     for method in methods:
-        workloads, method_rows = run_method(method, args, workloads)
+        workloads, method_rows = run_method(method, args, workloads, target, draft)
         rows += method_rows
         gc.collect()  # the method's LLM and its pools, before the next one is built
     comparison = compare(rows)

@@ -10,6 +10,7 @@ imported when a pair is built, so that the CLI can name the cache without it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -93,6 +94,17 @@ def inflate_pair(source: str | os.PathLike[str], dest: str | os.PathLike[str], s
     pair = InflatedPair(out, shape, target_shape.draft, target.num_parameters, draft_parameters)
     (out / "pair.json").write_text(json.dumps({k: str(v) for k, v in asdict(pair).items()}, indent=2) + "\n")
     return pair
+
+
+def add_shape_flags(group: argparse._ActionsContainer, instead: str) -> None:
+    """``--shape`` and ``--shape-cache`` (``specdec bench`` and ``bench-serve``): the embedded pair inflated to a
+    shape, ``instead`` of what the command runs otherwise (for the help)."""
+    group.add_argument("--shape", choices=list(TARGET_SHAPES), metavar="SHAPE",
+                       help=f"instead of {instead}, the embedded pair and its heads inflated to a real shape with the "
+                       f"same logits ({', '.join(TARGET_SHAPES)}; docs/shapes.md), built once into --shape-cache")
+    group.add_argument("--shape-cache", type=Path, default=None, metavar="DIR",
+                       help=f"with --shape, where inflated pairs are kept (default ${CACHE_ENV}, else "
+                       "~/.cache/specdec/shapes)")
 
 
 def cache_dir() -> Path:

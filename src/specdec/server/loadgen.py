@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.shapes import TARGET_SHAPES
+from specdec.inflate.pair import add_shape_flags
 
 
 @dataclass
@@ -215,11 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--flood-prompt-tokens", type=int, default=448, help="tokens of each flood prompt (default 448)")
     g.add_argument("--flood-stream-tokens", type=int, default=96,
                    help="tokens each measured stream generates in the flood workload (default 96)")
-    g.add_argument("--shape", choices=list(TARGET_SHAPES), metavar="SHAPE",
-                   help="the embedded pair and its heads inflated to a real shape with the same logits "
-                   f"({', '.join(TARGET_SHAPES)}; docs/shapes.md), built once into --shape-cache")
-    g.add_argument("--shape-cache", type=Path, default=None, metavar="DIR",
-                   help="where inflated pairs are kept (default: specdec's cache folder)")
+    add_shape_flags(g, "the embedded pair as it ships")
     p.set_defaults(func=run_bench_serve)
 
 
