@@ -26,6 +26,7 @@ RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 GROUPS = {
+    "8b": "8B shape on a GPU (the embedded pair inflated to Llama-3-8B's shape, on an H200)",
     "1b": "1B shape (the embedded pair inflated to a 1B Llama shape)",
     "embedded": "embedded pair (20M target, 3.6M draft)",
 }

@@ -4,11 +4,12 @@ A benchmark, not a test (it needs a CUDA device). For each random-weight shape (
 ``8b``: see :mod:`specdec.bench.synthetic`) it prints, side by side in one process:
 
 - ``t(n)``: median time of one batch-1 target forward over ``n`` new tokens after a
-  ``--context``-token prefix (CUDA events, rolled back after each), eager and graphed, and
-  ``t(k+1)/t(1)``, the verification cost ratio;
+  ``--context``-token prefix (CUDA events, rolled back after each), in each mode of :data:`MODES`
+  (eager; graphs with the pieces around the attention compiled; graphs with whole dense layers
+  compiled), and ``t(k+1)/t(1)``, the verification cost ratio;
 - plain decoding through :class:`specdec.LLM` at batch 1 (and ``--batch`` for the 1b shape):
-  tokens/s, and the fraction of the memory-bandwidth limit (weight bytes x steps/s over
-  ``--bandwidth-gbs``);
+  tokens/s, and the fraction of the memory-bandwidth limit (weight bytes x steps/s over the
+  bandwidth a read probe measures, or ``--bandwidth-gbs``);
 - the target as its own draft (every draft accepted), k = 4: tokens/s over plain decoding
   against the ideal ``(k+1) / (k + t(k+1)/t(1))``.
 
@@ -24,7 +25,7 @@ import time
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.bench.hardware import parameter_bytes
+from specdec.bench.hardware import measure_read_bandwidth_gbs, parameter_bytes
 from specdec.bench.synthetic import build_synthetic
 from specdec.models.base import ForwardBatch
 from specdec.models.fast_llama import FastLlamaLM
@@ -50,7 +51,9 @@ def forward_ms(lm: FastLlamaLM, context: int, tokens: int, trials: int = 30) -> 
 
 
 def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
-    """Generated tokens per second over the whole batch (greedy, end-of-sequence ignored)."""
+    """Generated tokens per second over the whole batch (greedy, end-of-sequence ignored), timed on the second
+    of two identical calls (``llm`` without prefix caching: with it, the timed call would skip the prefill the
+    warm-up ran and meet shapes, graphs to capture, that the warm-up did not)."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts], params)  # warm-up: captures every shape bucket
     torch.cuda.synchronize()
@@ -71,66 +74,91 @@ def profile_steps(model, prompt: list[int], max_len: int) -> None:
     del llm
 
 
+MODES = {"eager": (False, False), "graphs": (True, False), "graphs+fused": (True, True)}
+"""The forward modes compared: (CUDA graphs, dense layers compiled whole); ``graphs`` compiles only the pieces
+around the attention (the backend before fused layers)."""
+
+
+def backend(model, shape: str, mode: str) -> FastLlamaLM:
+    graphs, fused = MODES[mode]
+    return FastLlamaLM(model, f"synthetic-{shape}", use_cuda_graphs=graphs, fuse_layers=fused)
+
+
+def plain_llm(model, mode: str, rows: int, max_len: int) -> LLM:
+    """An ``LLM`` for plain decoding in ``mode`` (its backend's ``fuse_layers`` set for this run)."""
+    graphs, fused = MODES[mode]
+    llm = LLM(model, max_num_seqs=rows, max_model_len=max_len, enforce_eager=not graphs, enable_prefix_caching=False)
+    llm.target.fuse_layers = fused
+    return llm
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["1b", "8b"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32, help="the 1b shape's batched plain decoding (0: skip)")
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--bandwidth-gbs", type=float, default=3350.0, help="H100 SXM: 3350")
+    parser.add_argument("--bandwidth-gbs", type=float, default=None,
+                        help="the limit's bandwidth (default: measured by a read probe on the device)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the host-side operations of 64 plain decoding steps (1b, graphs)")
     args = parser.parse_args()
     device = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    bandwidth = args.bandwidth_gbs or measure_read_bandwidth_gbs(device)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; bandwidth {bandwidth:.0f} GB/s "
+          f"({'given' if args.bandwidth_gbs else 'measured read probe'})")
     rows = []
+    best = args.modes[-1]
     for shape in args.shapes:
         model = build_synthetic(shape, torch.bfloat16, device)
         max_len = args.context + args.tokens + args.k + 8
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, model.config.vocab_size, (args.context,), generator=gen).tolist()
         costs = {}
-        for eager in (True, False):
-            lm = FastLlamaLM(model, f"synthetic-{shape}", use_cuda_graphs=not eager)
-            costs[eager] = {n: forward_ms(lm, args.context, n) for n in (1, args.k + 1)}
+        for mode in args.modes:
+            lm = backend(model, shape, mode)
+            costs[mode] = {n: forward_ms(lm, args.context, n) for n in (1, args.k + 1)}
             del lm
         # Weights one step reads: everything but the embedding table (the synthetic shapes are untied).
         embedding = model.get_input_embeddings().weight
         weight_bytes = parameter_bytes(model) - embedding.numel() * embedding.element_size()
         torch.cuda.empty_cache()
         rates = {}
-        for eager in (True, False):
-            llm = LLM(model, max_num_seqs=1, max_model_len=max_len, enforce_eager=eager)
-            rates[eager] = decode_rate(llm, [prompt], args.tokens)
+        for mode in args.modes:
+            llm = plain_llm(model, mode, 1, max_len)
+            rates[mode] = decode_rate(llm, [prompt], args.tokens)
             del llm
             torch.cuda.empty_cache()
-        limit = args.bandwidth_gbs * 1e9 / weight_bytes
-        for eager in (True, False):
-            mode = "eager" if eager else "graphs"
-            t1, tk = costs[eager][1], costs[eager][args.k + 1]
-            rows.append(f"| {shape} | {mode} | {t1:.2f} | {tk:.2f} | {tk / t1:.2f} | {rates[eager]:.1f} | "
-                        f"{1000 / rates[eager] - t1:.2f} | {limit:.0f} | {100 * rates[eager] / limit:.0f}% |")
+        limit = bandwidth * 1e9 / weight_bytes
+        for mode in args.modes:
+            t1, tk = costs[mode][1], costs[mode][args.k + 1]
+            rows.append(f"| {shape} | {mode} | {t1:.2f} | {tk:.2f} | {tk / t1:.2f} | {rates[mode]:.1f} | "
+                        f"{1000 / rates[mode] - t1:.2f} | {limit:.0f} | {100 * rates[mode] / limit:.0f}% |")
+            print(rows[-1], flush=True)
         if shape == "1b" and args.profile:
             profile_steps(model, prompt, max_len)
-        if shape == "1b":
+        if shape == "1b" and args.batch:
             prompts = [torch.randint(0, model.config.vocab_size, (args.context,), generator=gen).tolist()
                        for _ in range(args.batch)]
-            llm = LLM(model, max_num_seqs=args.batch, max_model_len=max_len)
+            llm = plain_llm(model, best, args.batch, max_len)
             batched = decode_rate(llm, prompts, args.tokens)
             del llm
             torch.cuda.empty_cache()
-            print(f"1b plain, graphs: batch 1 {rates[False]:.1f} tok/s, batch {args.batch} {batched:.1f} tok/s "
-                  f"({batched / rates[False]:.1f}x)")
+            print(f"1b plain, {best}: batch 1 {rates[best]:.1f} tok/s, batch {args.batch} {batched:.1f} tok/s "
+                  f"({batched / rates[best]:.1f}x)")
             spec = {"method": "draft_model", "model": model, "num_speculative_tokens": args.k}
-            llm = LLM(model, speculative_config=spec, max_num_seqs=1, max_model_len=max_len)
+            llm = LLM(model, speculative_config=spec, max_num_seqs=1, max_model_len=max_len,
+                      enable_prefix_caching=False)
+            llm.target.fuse_layers = MODES[best][1]
             same = decode_rate(llm, [prompt], args.tokens)
             del llm
             torch.cuda.empty_cache()
-            t1, tk = costs[False][1], costs[False][args.k + 1]
+            t1, tk = costs[best][1], costs[best][args.k + 1]
             ideal = (args.k + 1) / (args.k + tk / t1)
-            print(f"1b draft = target, k={args.k}: {same:.1f} tok/s, {same / rates[False]:.2f}x plain; "
-                  f"ideal {ideal:.2f}x; {100 * same / rates[False] / ideal:.0f}% of ideal")
+            print(f"1b draft = target, k={args.k}: {same:.1f} tok/s, {same / rates[best]:.2f}x plain; "
+                  f"ideal {ideal:.2f}x; {100 * same / rates[best] / ideal:.0f}% of ideal")
         del model
         torch.cuda.empty_cache()
     print("| shape | mode | t(1) ms | t(k+1) ms | ratio | plain tok/s (batch 1) | step - t(1) ms | "

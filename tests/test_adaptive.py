@@ -521,3 +521,32 @@ def test_ragged_ks_from_one_greedy_chain_stay_exact(model_dirs, tmp_path):
         outputs = llm.generate(requests, params)
         assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
         assert llm.batch_metrics.num_accepted_tokens > 0 and len(chains) > 10  # ragged steps took the chain
+
+
+def test_steps_that_paid_a_one_time_setup_teach_acceptance_but_not_cost():
+    """A step during which a CUDA graph was captured or a graph compiled (seconds on a GPU) is no measure of
+    its shape: the policy learns the rows' acceptance from it and nothing of the step's time."""
+    policy, rng = AdaptiveK(MAX_K), random.Random(0)
+    seqs = [FakeSeq("a")]
+    for _ in range(50):
+        ks = policy.choose(seqs, [MAX_K])
+        accepted = bernoulli_accepted(ks, 0.8, rng)
+        policy.observe(seqs, ks, accepted, StepCost(1 + ks[0], ks[0], 2.0, 1.0, setup=True))
+    assert policy.measured == 0 and policy.draft_cost() is None
+    assert policy.pool.rates([0.0] * MAX_K)[0] > 0.6  # acceptance at the first position, learned from α = 0.8
+
+
+def test_the_engine_flags_steps_that_paid_a_one_time_setup(model_dirs, monkeypatch):
+    """The engine compares :func:`one_time_setups` before and after each step; with a set-up in every step the
+    policy measures none, and without one it measures them."""
+    import specdec.engine
+
+    dirs = model_dirs["llama"]
+    config = {"method": "draft_model", "model": str(dirs["truncated"]), "num_speculative_tokens": "auto"}
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    counter = iter(range(10**6))
+    for setups, measured in ((lambda: next(counter), False), (lambda: 0, True)):
+        monkeypatch.setattr(specdec.engine, "one_time_setups", setups)
+        llm = LLM(dirs["target"], dtype="float64", speculative_config=config)
+        llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params)
+        assert (llm.engine.policy.measured > 0) == measured

@@ -33,6 +33,10 @@ def spec(model_dirs, method, tmp_path_factory, llama):
         folder = tmp_path_factory.mktemp("eagle_chunked")
         make_heads(llama, "eagle", folder, seed=11, scale=3.0)
         return {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}
+    if method == "ngram_tree":  # trees: the chunks are fed in forwards of their own beside the step
+        return {"method": "ngram", "num_speculative_tokens": 3, "num_candidates": 2}
+    if method == "layer_skip":  # verification resumes the draft's layers: the same
+        return {"method": "layer_skip", "skip_layers": [1], "num_speculative_tokens": 3}
     return {"method": method, "num_speculative_tokens": 3}
 
 
@@ -63,8 +67,15 @@ def run(model_dirs, config, chunked: bool, params, backend="auto"):
     return [tokens[r.seq.request_id] for r in requests], beside
 
 
-@pytest.mark.parametrize("method", ["plain", "draft_model", "ngram", "suffix", "eagle"])
-def test_chunked_equals_whole_prompts(model_dirs, tmp_path_factory, llama, method):
+@pytest.mark.parametrize("method", ["plain", "draft_model", "ngram", "suffix", "eagle", "ngram_tree", "layer_skip"])
+def test_chunked_equals_whole_prompts(model_dirs, tmp_path_factory, llama, method, monkeypatch):
+    """On the fast backend the chunks share the decoding step's forward (chains; counted), else they are fed
+    apart; both give the outputs of whole prompts."""
+    from specdec.models import fast_llama
+
+    fused = []
+    segmented = fast_llama.compute_segments
+    monkeypatch.setattr(fast_llama, "compute_segments", lambda *a: fused.append(1) or segmented(*a))
     config = spec(model_dirs, method, tmp_path_factory, llama)
     greedy = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * len(PROMPTS)
     sampled = [SamplingParams(max_tokens=12, temperature=0.9, seed=100 + i, ignore_eos=True)
@@ -80,6 +91,7 @@ def test_chunked_equals_whole_prompts(model_dirs, tmp_path_factory, llama, metho
         assert beside, "no prompt chunk was fed beside a decoding step"
         assert chunked == whole
         assert all(len(t) == 12 for t in chunked)
+    assert bool(fused) == (method not in ("ngram_tree", "layer_skip")), f"{len(fused)} fused forwards"
 
 
 def test_chunked_on_the_transformers_backend(model_dirs):

@@ -1,60 +1,80 @@
-"""A CPU server's default chunked prefill is paced by measured time: a step's prompt tokens are those
-whose fitted prefill cost fits within a decoding step (at least one block, at most the token budget),
-only while streams are running; a budget given in tokens is kept as given; and pacing changes no output."""
+"""A CPU server's default chunked prefill is paced by measured time: a step's prompt tokens add at most
+``SHARE`` of a decoding step (at least one block, at most the token budget), a prompt token priced against a
+recent step without prompts, only while streams are running; a budget given in tokens is kept as given; and
+pacing changes no output."""
+
+from itertools import accumulate
 
 import pytest
 from helpers import build_model
 
 from specdec import LLM, SamplingParams
-from specdec.prefill_pacer import MIN_PACED_CHUNK, PrefillPacer
+from specdec.prefill_pacer import MIN_PACED_CHUNK, PROBE_EVERY, SHARE, PrefillPacer
 
 
-def _pacer(prefills: list[tuple[int, float]], step: float) -> PrefillPacer:
+def _pacer(steps: list[tuple[int, float]]) -> PrefillPacer:
     pacer = PrefillPacer()
-    for tokens, seconds in prefills:
-        pacer.observe_prefill(tokens, seconds)
-    pacer.observe_step(step)
+    for tokens, seconds in steps:
+        pacer.observe(tokens, seconds)
     return pacer
 
 
-def test_the_chunk_is_what_fits_in_a_decoding_step():
-    # prefills cost 2 ms + 0.1 ms a token; a decoding step 6.05 ms: (6.05 - 2) / 0.1 = 40.5 tokens
-    pacer = _pacer([(n, 0.002 + 0.0001 * n) for n in (16, 128, 64, 100, 32)], 0.00605)
+def test_the_chunk_adds_a_share_of_a_decoding_step():
+    # steps cost 6.05 ms + 0.1 ms a prompt token: SHARE * 6.05 / 0.1 = 30.25 tokens
+    pacer = _pacer([(n, 0.00605 + 0.0001 * n) for n in (0, 16, 0, 128, 64, 0, 100, 32)])
     a, b = pacer.line()
-    assert a == pytest.approx(0.002) and b == pytest.approx(0.0001)
-    assert pacer.budget(128, running=True) == 40
-    assert pacer.budget(30, running=True) == 30  # never above the token budget
+    assert a == pytest.approx(0.00605) and b == pytest.approx(0.0001)
+    assert pacer.budget(128, running=True) == int(SHARE * 60.5) == 30
+    assert pacer.budget(20, running=True) == 20  # never above the token budget
     assert pacer.budget(128, running=False) == 128  # nobody's latency to keep: the whole budget
 
 
 def test_the_floor_and_the_cap():
-    pacer = _pacer([(n, 0.002 + 0.0001 * n) for n in (16, 128, 64)], 0.001)
-    assert pacer.budget(128, running=True) == MIN_PACED_CHUNK  # even one block costs more than a step
-    assert pacer.budget(8, running=True) == 8
-    fast = _pacer([(n, 0.0001 * n) for n in (16, 128, 64)], 0.5)
+    slow = _pacer([(n, 0.001 + 0.001 * n) for n in (0, 16, 0, 32)])  # a prompt token costs a whole step
+    assert slow.budget(128, running=True) == MIN_PACED_CHUNK
+    assert slow.budget(8, running=True) == 8
+    fast = _pacer([(n, 0.5 + 0.0001 * n) for n in (0, 16, 0, 64)])
     assert fast.budget(128, running=True) == 128
 
 
-def test_one_chunk_size_prices_every_token_at_the_mean():
-    # without spread there is no slope: 12.8 ms / 128 tokens, and a 6.05 ms step takes 60 tokens
-    pacer = _pacer([(128, 0.0128)] * 3, 0.00605)
-    assert pacer.line() == (0.0, pytest.approx(0.0001))
-    assert pacer.budget(128, running=True) == 60
+def test_a_probe_measures_the_decoding_step_then_the_floor_measures_a_token():
+    """The first paced step feeds no prompt token (it measures the decoding step); the next one, whose prompt
+    tokens measure what a token adds to it, the floor (not the whole budget: the streams wait on that step
+    too); then the paced chunk."""
+    fresh = PrefillPacer()
+    assert fresh.line() is None and fresh.budget(128, running=True) == 0
+    fresh.observe(0, 0.005)
+    assert fresh.line() is None and fresh.budget(128, running=True) == MIN_PACED_CHUNK
+    assert fresh.budget(8, running=True) == 8
+    assert _pacer([(16, 0.008)] * 3).line() is None  # no step without prompts: nothing to price a token against
+    fresh.observe(MIN_PACED_CHUNK, 0.005 + 0.0001 * MIN_PACED_CHUNK)
+    assert fresh.line() == (pytest.approx(0.005), pytest.approx(0.0001))
+    assert fresh.budget(128, running=True) == 25
 
 
-def test_nothing_measured_is_the_whole_budget():
-    pacer = PrefillPacer()
-    assert pacer.line() is None and pacer.budget(128, running=True) == 128
-    pacer.observe_prefill(0, 0.5)  # a step that fed no prompt token measures nothing
-    assert pacer.line() is None
+def test_under_a_flood_a_probe_every_period():
+    """Prompts at every step: every ``PROBE_EVERY`` steps one feeds none, and the token cost is measured only
+    against a recent probe (a load that grows between them is not read as dearer prompt tokens)."""
+    pacer = _pacer([(n, 0.006 + 0.0001 * n) for n in (0, 16, 0, 32)])
+    budgets = []
+    for _ in range(3 * PROBE_EVERY):
+        budgets.append(pacer.budget(128, running=True))
+        load = 0.012 if 0 in budgets else 0.006  # more streams from the first probe on
+        pacer.observe(budgets[-1], load + 0.0001 * budgets[-1])
+    probes = [i for i, b in enumerate(budgets) if b == 0]
+    assert len(probes) == 2 and probes[1] - probes[0] == PROBE_EVERY + 1
+    a, b = pacer.line()
+    assert a == pytest.approx(0.012, rel=0.05) and b == pytest.approx(0.0001, rel=0.1)
 
 
 def test_measurements_decay():
-    """Later measurements outweigh earlier ones: the machine's speed changes while it serves."""
-    pacer = _pacer([], 0.010)
-    for _ in range(60):
-        pacer.observe_step(0.002)
-    assert pacer.step_seconds == pytest.approx(0.002, rel=0.05)
+    """Later measurements outweigh earlier ones: the load and the machine's speed change while it serves."""
+    pacer = _pacer([(n, 0.010 + 0.0002 * n) for n in (0, 16, 0, 32)])
+    for _ in range(80):
+        for n in (0, 16):
+            pacer.observe(n, 0.002 + 0.0001 * n)
+    a, b = pacer.line()
+    assert a == pytest.approx(0.002, rel=0.05) and b == pytest.approx(0.0001, rel=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +100,7 @@ class _Fixed:
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
 
-    def observe_step(self, seconds: float) -> None:
-        pass
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         pass
 
     def budget(self, cap: int, running: bool) -> int:
@@ -109,9 +126,28 @@ def _serve(llm: LLM, pace: int | None) -> tuple[list[list[int]], list[int]]:
     return list(tokens.values()), fed
 
 
-def test_the_scheduler_feeds_the_paced_chunks_and_outputs_do_not_change(target):
-    paced, fed = _serve(LLM(target, dtype="float64", backend="fast", max_num_seqs=4), MIN_PACED_CHUNK)
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_the_scheduler_feeds_the_paced_chunks_and_outputs_do_not_change(target, backend):
+    """Fused into the decoding step's forward (fast backend) or fed apart (transformers), the same chunks."""
+    paced, fed = _serve(LLM(target, dtype="float64", backend=backend, max_num_seqs=4), MIN_PACED_CHUNK)
     assert fed[:3] == [16, 32, 48]  # one block a step beside the two streams
-    whole, _ = _serve(LLM(target, dtype="float64", backend="fast", max_num_seqs=4, enable_chunked_prefill=False),
+    whole, _ = _serve(LLM(target, dtype="float64", backend=backend, max_num_seqs=4, enable_chunked_prefill=False),
                       None)
     assert paced == whole
+
+
+def test_a_real_pacer_observes_every_step_that_ran_streams(target):
+    """The scheduler reports every step that ran streams to the pacer, with the prompt tokens that step fed: a
+    probe first (none), then the floor until a prompt token's cost is measured, and the long prompt's 99
+    context tokens in all (the pending one is fed by its first step), as its cached length grew."""
+    llm = LLM(target, dtype="float64", backend="fast", max_num_seqs=4, serving=True)
+    observed, ran_streams = [], []
+    observe = llm.scheduler.pacer.observe
+    llm.scheduler.pacer.observe = lambda tokens, seconds: observed.append(tokens) or observe(tokens, seconds)
+    step = llm.step
+    llm.step = lambda: ran_streams.append(bool(llm.scheduler.running)) or step()
+    _, fed = _serve(llm, None)
+    assert len(observed) == sum(ran_streams) > 2
+    assert observed[:2] == [0, MIN_PACED_CHUNK]
+    assert sum(observed) == 99 and all(0 <= n <= 128 for n in observed)
+    assert fed == list(accumulate(observed))[: len(fed)]

@@ -6,6 +6,7 @@ every request in flight in OpenAI's shape."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -105,7 +106,9 @@ def test_a_huge_request_does_not_stall_a_running_stream():
 def test_shutdown_past_the_graceful_timeout_answers_every_request():
     """SIGTERM with 6 long requests in flight (2 running, 4 queued; half streaming) and a 1 s grace:
     each stream ends with an error event and ``[DONE]``, each other request gets a 503 JSON error, the
-    process exits with status 0 and logs no traceback."""
+    process exits with status 0 and logs no traceback. A stream is sent first, and the others once it runs:
+    sent together, two requests that do not stream could take both slots, and the first stream would start
+    only as one of them ended (on a loaded machine the threads' requests arrive in any order)."""
     server = ServeProcess("--max-num-seqs", "2", "--graceful-timeout", "1")
     started = threading.Event()
 
@@ -121,11 +124,22 @@ def test_shutdown_past_the_graceful_timeout_answers_every_request():
                     started.set()
             return response.status_code, lines
 
+    def load() -> tuple[float, float]:
+        """The server's running and waiting requests, from its metrics."""
+        text = httpx.get(server.root + "/metrics", timeout=10).text
+        return tuple(float(re.search(rf"^vllm:num_requests_{name}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
+                     for name in ("running", "waiting"))
+
     try:
         with ThreadPoolExecutor(6) as pool:
-            futures = [pool.submit(request, i % 2 == 0) for i in range(6)]
+            futures = [pool.submit(request, True)]
             assert started.wait(60), "no stream started"
-            time.sleep(0.5)
+            futures += [pool.submit(request, i % 2 == 0) for i in range(1, 6)]
+            deadline = time.monotonic() + 30
+            while load() != (2, 4):  # every request in flight: one beside the stream, four queued
+                done = [f.exception() or f.result() for f in futures if f.done()]
+                assert not done and time.monotonic() < deadline, (load(), done)
+                time.sleep(0.05)
             done = [f.exception() or f.result() for f in futures if f.done()]
             assert not done, f"requests finished before the shutdown: {done}"
             begin = time.monotonic()

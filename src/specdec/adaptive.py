@@ -59,10 +59,12 @@ probing every 16 steps cost such a batch 8–9% (methods that never paid ran 0.9
 ``1b`` shape). The model alone decides it, as the probe's shape is measured after two probes: where
 only the calibration keeps speculation off (the model would speculate), the probes stay every
 ``probe_every`` steps, as they are what moves the calibration back when speculating pays again. The first
-step of each shape (rows, tokens, width) is not timed (it pays
-one-time set-up: kernel selection, CUDA graph capture), a step slower than ``OUTLIER`` times the
-prediction counts as that, and drafting right after a step without drafts (the drafter catching
-up) is left out of the drafting line.
+step of each shape (rows, tokens, width) is not timed (it pays one-time set-up: kernel selection, CUDA graph
+capture), nor is any step that paid one (``StepCost.setup``: a graph captured or compiled for a cache-length
+bucket or a shape specialisation first reached later, which on a GPU can cost seconds: counted as a step's
+cost, it could turn speculation off for a whole run), a step slower than ``OUTLIER`` times the prediction
+counts as that, and drafting right after a step without drafts (the drafter catching up) is left out of the
+drafting line.
 
 The guard: calibration by measured step times. The cost model is a prediction: kernels whose cost
 is not linear in the tokens fed, the drafter catching up after steps without drafts, and per-step
@@ -443,6 +445,8 @@ class AdaptiveK:
                 self._acceptance(s).update(n, a)
                 self.pool.update(n, a)
         last_width, self.last_width = self.last_width, step.width
+        if step.prompt_tokens or step.setup:  # prompt chunks fed, or a one-time set-up: not its shape's time
+            return
         shape = (len(seqs), step.num_tokens, step.width)
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)

@@ -35,6 +35,7 @@ from specdec.k_schedule import ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
+from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -117,31 +118,13 @@ class Engine:
         a prompt fed in chunks over several steps starts the drafter exactly as one fed at once."""
         clock = self._clock
         clock.start()
-        lookup = self.cache.caches_prefixes
         budget = None if num_tokens is None else {id(s): n for s, n in zip(seqs, num_tokens)}
         done: list[Sequence] = []
         todo = seqs
         while True:
-            active = self._start(todo, lookup)
-            left = [len(s.token_ids) - 1 - self.cache.lengths[s.slot] for s in active]
-            counts = left if budget is None else [min(budget[id(s)], n) for s, n in zip(active, left)]
-            rows = [(s, n) for s, n in zip(active, counts) if n > 0]
-            starts = [self.cache.lengths[s.slot] for s, _ in rows]
-            by_slot = {s.slot: (s, a) for (s, _), a in zip(rows, starts)}
-            for batch in prefill_batches([s.token_ids[a: a + n] for (s, n), a in zip(rows, starts)],
-                                         [s.slot for s, _ in rows], self.target.device, starts=starts):
-                if self.hidden_layers:
-                    batch.hidden_layers, batch.logits_rows, batch.output_head = self.hidden_layers, None, self._no_head
-                out = self.target.forward(batch, self.cache)
-                if self.hidden_layers:
-                    for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:]):
-                        self._prefilling[by_slot[slot][0].request_id].append(out.hidden[a:b])
-                if self.features is not None:
-                    self.features.write([r for slot, a, b in zip(batch.slots, batch.cu_seqlens, batch.cu_seqlens[1:])
-                                         for r in self.cache.rows_of(slot, by_slot[slot][1], b - a)], out.hidden)
-            for s in active:
-                self.cache.commit_prefix(s.slot, s.token_ids)
-            ready = [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
+            active, rows = self._plan_feed(todo, budget)
+            self._feed_apart(rows)
+            ready = self._fed(active)
             self._start_drafter(ready)
             done += ready
             # not started yet (a started one is being fed or, once ready, done): waited for a shared first block
@@ -156,6 +139,52 @@ class Engine:
         for s in seqs:
             s.metrics.time_prefill += seconds
         return done
+
+    def _plan_feed(self, seqs: list[Sequence], budget: dict[int, int] | None
+                   ) -> tuple[list[Sequence], list[tuple[Sequence, int, int]]]:
+        """The sequences of ``seqs`` being fed (new ones started: see :meth:`_start`) and the rows to feed now,
+        ``(sequence, first context index, count)``: each its next ``budget[id(seq)]`` context tokens (None: all
+        it has left), never its pending token; rows with nothing to feed are left out."""
+        active = self._start(seqs, self.cache.caches_prefixes)
+        rows = []
+        for s in active:
+            start = self.cache.lengths[s.slot]
+            left = len(s.token_ids) - 1 - start
+            count = left if budget is None else min(budget[id(s)], left)
+            if count > 0:
+                rows.append((s, start, count))
+        return active, rows
+
+    def _feed_apart(self, rows: list[tuple[Sequence, int, int]]) -> None:
+        """Feed ``rows`` (of :meth:`_plan_feed`) in forwards of their own (ragged, as few as
+        :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), keeping what the drafter will need."""
+        by_slot = {s.slot: (s, start, count) for s, start, count in rows}
+        for batch in prefill_batches([s.token_ids[a: a + n] for s, a, n in rows], [s.slot for s, _, _ in rows],
+                                     self.target.device, starts=[a for _, a, _ in rows]):
+            if self.hidden_layers:
+                batch.hidden_layers, batch.logits_rows, batch.output_head = self.hidden_layers, None, self._no_head
+            out = self.target.forward(batch, self.cache)
+            self._keep_fed([by_slot[slot] for slot in batch.slots], out.hidden)
+
+    def _keep_fed(self, rows: list[tuple[Sequence, int, int]], hidden: torch.Tensor | None) -> None:
+        """Keep the target's hidden states of fed ``rows`` (``[sum of counts, layers, H]``, rows in order) for the
+        drafter, and with their cache entries for the prefix cache (none without a drafter that reads them)."""
+        if not self.hidden_layers:
+            return
+        first = 0
+        for s, _, count in rows:
+            self._prefilling[s.request_id].append(hidden[first: first + count])
+            first += count
+        if self.features is not None:
+            self.features.write([r for s, start, count in rows for r in self.cache.rows_of(s.slot, start, count)],
+                                hidden)
+
+    def _fed(self, active: list[Sequence]) -> list[Sequence]:
+        """After feeding ``active``: register their full blocks in the prefix cache; returns those whose context is
+        now cached but the pending token (the drafter is started with :meth:`_start_drafter`)."""
+        for s in active:
+            self.cache.commit_prefix(s.slot, s.token_ids)
+        return [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
 
     def _start(self, seqs: list[Sequence], lookup: bool) -> list[Sequence]:
         """The sequences of ``seqs`` being fed, after starting (empty slot, prefix-cache lookup) those that
@@ -217,8 +246,20 @@ class Engine:
     # ------------------------------------------------------------------ the step
     def step(self, seqs: list[Sequence]) -> list[StepOutput]:
         """One batched step over ``seqs`` (running, unfinished); returns one output per sequence."""
+        return self.step_feeding(seqs, [], [])[0]
+
+    def step_feeding(self, seqs: list[Sequence], prompts: list[Sequence], chunks: list[int]
+                     ) -> tuple[list[StepOutput], list[Sequence]]:
+        """:meth:`step` over ``seqs`` while the next ``chunks[i]`` context tokens of each of ``prompts`` (sequences
+        being fed, as in :meth:`prefill`) are fed: in the step's own forward where the backend ``fuses_prefill``
+        and that forward is a chain over every layer (the prompt rows follow the step's rows, see
+        :mod:`specdec.models.segments`), else in forwards of their own before it. Returns the step's outputs
+        and the sequences whose context is now cached but the pending token (their drafter started): they join
+        the next step. A fused forward's time is split between the step (its target time) and the prompts (their
+        prefill time) by tokens fed; the policy learns acceptance from such a step but not its cost."""
         clock, device = self._clock, self.target.device
         clock.start()
+        setups = one_time_setups()
         grammars = [s.grammar for s in seqs]
         constrained = any(g is not None for g in grammars)
         sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device,
@@ -235,14 +276,22 @@ class Engine:
         num_drafted = draft.num_draft if draft is not None else [0] * len(seqs)
         clock.lap("drafting")
 
-        # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n.
+        # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n, and the prompt chunks.
+        active, feed = self._plan_feed(prompts, {id(s): n for s, n in zip(prompts, chunks)}) if prompts else ([], [])
+        fused = bool(feed) and self.target.fuses_prefill and (draft is None or (draft.parents is None
+                                                                               and draft.hidden is None))
+        if feed and not fused:
+            self._feed_apart(feed)
+            clock.lap("prefill")
         if width == 0:
             batch = ForwardBatch.from_rows([s.token_ids[-1:] for s in seqs], [len(s.token_ids) - 1 for s in seqs],
                                            [s.slot for s in seqs], device)
         else:
             batch, grid = self._verify_batch(seqs, draft)
         batch.hidden_layers = self.hidden_layers
-        forward = self.target.forward(batch, self.cache)
+        forward = self.target.forward(self._with_chunks(batch, feed) if fused else batch, self.cache)
+        if fused and self.hidden_layers:
+            self._keep_fed(feed, forward.hidden[batch.cu_seqlens[-1]:])
         logits = forward.logits
         if constrained and width == 0:
             logits = apply_bitmask(logits, masks[:, 0])
@@ -328,11 +377,37 @@ class Engine:
 
         # 6. Metrics and the policy's measurements; the outputs go to the scheduler.
         times = clock.read()
+        if fused:  # the prompt chunks' share of the forward, by tokens fed
+            prompt = sum(n for _, _, n in feed)
+            times["prefill"] = times["target"] * prompt / (prompt + batch.cu_seqlens[-1])
+            times["target"] -= times["prefill"]
+        if feed:
+            self.metrics.time_prefill += times["prefill"]
+            for s in prompts:
+                s.metrics.time_prefill += times["prefill"]
         self._record(seqs, outputs, times)
         fed = tokens_fed(num_drafted, width, self.target.pads_rows)
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
-            fed, width, times["target"] + times["other"], times.get("drafting", 0.0)))
-        return outputs
+            fed, width, times["target"] + times.get("prefill", 0.0) + times["other"], times.get("drafting", 0.0),
+            sum(n for _, _, n in feed), one_time_setups() != setups))
+        started = self._fed(active)
+        self._start_drafter(started)
+        return outputs, started
+
+    def _with_chunks(self, batch: ForwardBatch, rows: list[tuple[Sequence, int, int]]) -> ForwardBatch:
+        """The step's ``batch`` with the prompt chunks ``rows`` (of :meth:`_plan_feed`) as its last rows: logits
+        of the step's tokens only, hidden states (if any are wanted) of every token."""
+        flat, positions, cu = [], [], list(batch.cu_seqlens)
+        for s, start, count in rows:
+            flat.extend(s.token_ids[start: start + count])
+            positions.extend(range(start, start + count))
+            cu.append(cu[-1] + count)
+        host = to_device([flat, positions], self.target.device)
+        return dataclasses.replace(
+            batch, input_ids=torch.cat([batch.input_ids, host[0]]), positions=torch.cat([batch.positions, host[1]]),
+            slots=[*batch.slots, *(s.slot for s, _, _ in rows)], cu_seqlens=cu,
+            logits_rows=slice(0, batch.cu_seqlens[-1]), hidden_rows=slice(0, cu[-1]) if batch.hidden_layers else None,
+            chunk_rows=len(rows))
 
     def _logprobs(self, seqs: list[Sequence], outputs: list[StepOutput], verified: torch.Tensor,
                   paths: list[list[int]]) -> None:

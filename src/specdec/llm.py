@@ -125,8 +125,8 @@ class LLM:
     does not fit the available memory raises :class:`SpecDecError` before it is allocated.
     ``enforce_eager``: never capture CUDA graphs (on a GPU the fast backend captures its decode
     and verify forwards lazily, per shape bucket). ``enable_chunked_prefill`` (default on, as vLLM's
-    V1): prompts are fed in chunks beside the running sequences' steps, at most
-    ``max_num_batched_tokens`` tokens per step (default: see
+    V1): prompts are fed in chunks beside the running sequences' steps (in the same forward where the
+    backend ``fuses_prefill``: the fast one on a CPU), at most ``max_num_batched_tokens`` tokens per step (default: see
     :func:`specdec.scheduler.max_num_batched_tokens_of`; on a CPU the default is also paced by measured
     time in a server, :mod:`specdec.prefill_pacer`); off, each prompt is fed whole at admission.
     ``serving``: the defaults of an online server (``specdec serve`` sets it), like vLLM's usage context:

@@ -15,9 +15,11 @@ gives the decoding rows their tokens first (one per row plus the drafts the prev
 the estimate of this step's); what is left of the token budget goes to the prompts being fed,
 oldest first, at least :data:`MIN_PREFILL_CHUNK` tokens per step so that a prompt is never starved
 by a saturated batch. In a server at the CPU's default budget the prompts' share is also paced by measured
-time, so that a step's prefill takes no longer than its decoding step (:mod:`specdec.prefill_pacer`). A
-sequence whose prompt is cached (but its pending token) joins the decoding
-step of the same step. Without a budget every admitted prompt is fed whole at admission.
+time, so that the prompt tokens add at most half a decoding step (:mod:`specdec.prefill_pacer`). Where the
+backend fuses them (``fuses_prefill``: the fast backend on a CPU) the chunks are fed in the decoding step's
+own forward (:meth:`~specdec.engine.Engine.step_feeding`), and a sequence whose prompt is then cached (but
+its pending token) joins the next step; else they are fed in forwards of their own first, and it joins the
+decoding step of the same step. Without a budget every admitted prompt is fed whole at admission.
 Chunking changes only when the prompt's tokens are fed: the cache, the drafter's state and so
 every output are those of a prompt fed at once (tested).
 """
@@ -146,28 +148,36 @@ class Scheduler:
                                f"({len(self.waiting[0].token_ids)} tokens) even alone; raise --kv-cache-memory")
         self.prefilling.extend(admitted)
         self._preempt()
+        prompts, chunks, tic = [], [], time.perf_counter()
+        streams = bool(self.running)  # streams waiting on this step: their latency is what the pacer keeps
         if self.prefilling:
             chunks = self._chunks()
-            tic = time.perf_counter()
-            started = self.engine.prefill(self.prefilling, chunks)
-            if self.pacer is not None:
-                self.pacer.observe_prefill(sum(chunks), time.perf_counter() - tic)
-            if started:
-                ids = {id(s) for s in started}
-                self.prefilling = [s for s in self.prefilling if id(s) not in ids]
-                self.running.extend(started)
-                self.running.sort(key=lambda s: s.slot)
+            if chunks is not None and self.running and self.engine.target.fuses_prefill:
+                prompts = self.prefilling  # fed in the decoding step's forward below
+            else:
+                self._join(self.engine.prefill(self.prefilling, chunks))
         if not self.running:
             return []
-        tic = time.perf_counter()
-        outputs = self.engine.step(self.running)
-        if self.pacer is not None:
-            self.pacer.observe_step(time.perf_counter() - tic)
+        if prompts:
+            outputs, started = self.engine.step_feeding(self.running, prompts, chunks)
+        else:
+            outputs, started = self.engine.step(self.running), []
+        if self.pacer is not None and streams:
+            self.pacer.observe(sum(chunks or ()), time.perf_counter() - tic)
         self._last_drafted = sum(out.num_drafted for out in outputs)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self._finish(seq)
+        self._join(started)
         return outputs
+
+    def _join(self, started: list[Sequence]) -> None:
+        """Sequences whose context is now cached (but the pending token) move from ``prefilling`` to ``running``."""
+        if started:
+            ids = {id(s) for s in started}
+            self.prefilling = [s for s in self.prefilling if id(s) not in ids]
+            self.running.extend(started)
+            self.running.sort(key=lambda s: s.slot)
 
     def _chunks(self) -> list[int] | None:
         """Context tokens each sequence in ``prefilling`` gets this step (None: all it has left)."""

@@ -14,12 +14,17 @@ OUTLIER = 3.0  # a measured step time counts as at most this many times the pred
 class StepCost:
     """What one step cost: ``num_tokens`` fed to the target (rows + drafts), ``width`` (the longest
     draft, i.e. sequential draft positions), ``target_seconds`` (target forward, verification and
-    bookkeeping) and ``draft_seconds`` (propose and observe)."""
+    bookkeeping), ``draft_seconds`` (propose and observe), ``prompt_tokens``, the prompt chunks' tokens
+    fed in the same step (:meth:`specdec.engine.Engine.step_feeding`; their time is in ``target_seconds``),
+    and ``setup``: whether the step paid a one-time set-up (a CUDA graph captured, a graph compiled:
+    :func:`specdec.models.cuda_graphs.one_time_setups`), whose seconds its times then hold."""
 
     num_tokens: int
     width: int
     target_seconds: float
     draft_seconds: float
+    prompt_tokens: int = 0
+    setup: bool = False
 
 
 class LineFit:

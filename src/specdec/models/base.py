@@ -28,6 +28,11 @@ Terms (shapes are the point):
   instead of the whole ``[V, H]`` head (a drafter's reduced vocabulary: logits are ``[M, V']``);
   ``[0, H]`` skips the head while the hidden states are still returned.
   These four need a backend with ``supports_layer_subsets``.
+- ``hidden_rows`` ``[M']`` or None: flat indices whose hidden states are returned when they are not
+  ``logits_rows`` (a decoding step's logits, with the states of the prompt chunks fed beside it too);
+  None: the same rows. Needs a backend with ``fuses_prefill``.
+- ``chunk_rows``: how many of the last rows are prompt chunks fed beside a decoding step's rows (chains,
+  no subsets); a backend with ``fuses_prefill`` lays each out apart from the step's rows.
 
 Rolling back is setting a slot's length (``cache.set_length``): rejected draft entries are
 forgotten without touching the accepted ones. After a tree step the accepted path's entries are
@@ -76,6 +81,8 @@ class ForwardBatch:
     input_hidden: torch.Tensor | None = None
     exit_adapter: Callable[[torch.Tensor], torch.Tensor] | None = None
     output_head: torch.Tensor | None = None
+    hidden_rows: torch.Tensor | slice | None = None
+    chunk_rows: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -274,7 +281,10 @@ class CausalLM(ABC):
     ``config`` (the transformers config), ``num_layers`` (decoder layers), ``supports_tree_mask``
     and ``supports_layer_subsets`` (``ForwardBatch.layers`` and ``input_hidden``), ``pads_rows``
     (a forward computes every row as long as the longest, so its cost follows rows x longest row,
-    not the tokens fed), ``backend_reason`` (why the loader chose this backend, one clause, or None).
+    not the tokens fed), ``fuses_prefill`` (a forward whose leading rows decode and whose later rows are
+    prompt chunks costs about its tokens, not rows x longest row, and it takes ``hidden_rows``: the
+    engine feeds prompt chunks in its decoding step's forward), ``backend_reason`` (why the loader chose
+    this backend, one clause, or None).
     """
 
     vocab_size: int
@@ -286,6 +296,7 @@ class CausalLM(ABC):
     supports_tree_mask: bool = False
     supports_layer_subsets: bool = False
     pads_rows: bool = False
+    fuses_prefill: bool = False
     backend_reason: str | None = None
 
     @abstractmethod

@@ -1,8 +1,10 @@
 """CUDA graphs of the fast backend's chain forward: one launch instead of hundreds per step.
 
-A graph is captured lazily, once per shape ``(R, T, K)``: ``R`` rows (a power of two, at most
-the pool's slots), ``T`` tokens per row (a power of two up to :data:`MAX_GRAPH_WIDTH`) and ``K``
-attended cache entries (:meth:`FastLlamaLM.key_bucket`). Rows are slot-dense: row ``r`` is slot
+A graph is captured lazily, once per shape ``(R, T, K, L)``: ``R`` rows (a power of two, at most
+the pool's slots), ``T`` tokens per row (a power of two up to :data:`MAX_GRAPH_WIDTH`), ``K``
+attended cache entries (:meth:`FastLlamaLM.key_bucket`) and ``L`` the hidden states it returns
+beside the logits (``ForwardBatch.hidden_layers``, normalised: the verification forward of a drafter
+that reads the target's features, EAGLE, Medusa, MTP, is captured too). Rows are slot-dense: row ``r`` is slot
 ``r``, its block table row ``r`` of a static table buffer, through which the graph computes where
 each cell writes and what each row reads (a gather); a slot with no sequence in the batch is a
 dummy row that writes only to the pool's scratch row. Inputs go through static buffers that every
@@ -16,6 +18,7 @@ two scatters) and picking the wanted logits.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +30,16 @@ MAX_GRAPH_WIDTH = 16
 """Rows feeding more tokens than this (prefills, very long drafts) run eagerly."""
 
 log = logging.getLogger("specdec")
+
+_captures = 0  # CUDA graphs captured in this process
+
+
+def one_time_setups() -> int:
+    """CUDA graphs captured and graphs compiled by torch.compile in this process so far. A step during which
+    this grew paid a one-time set-up (seconds on a GPU: a capture, a compile for a new shape
+    specialisation), so its time says nothing of what its shape costs (the auto-k policy skips it)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was compiled
+    return _captures + (dynamo.counters["stats"]["unique_graphs"] if dynamo is not None else 0)
 
 
 def _pow2(n: int) -> int:
@@ -62,16 +75,19 @@ class GraphSet:
                    buffer(num_slots))
 
 
-def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int] | None:
-    """``(R, T, K)`` of the graph that serves ``batch``, or None when it must run eagerly."""
-    if batch.tree_mask is not None or batch.hidden_layers:
+def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int, tuple[int, ...]] | None:
+    """``(R, T, K, L)`` of the graph that serves ``batch`` (``L``: the hidden layers it returns, as
+    non-negative indices), or None when it must run eagerly."""
+    if batch.tree_mask is not None or batch.hidden_rows is not None:
         return None
     width = max(batch.num_tokens)
     if width > MAX_GRAPH_WIDTH:
         return None
     rows = min(_pow2(max(batch.slots) + 1), cache.num_slots)
     needed = max(cache.lengths[s] + c for s, c in zip(batch.slots, batch.num_tokens))
-    return rows, _pow2(width), model.key_bucket(needed, cache.capacity)
+    final = model.num_layers
+    layers = tuple(i if i >= 0 else final + 1 + i for i in batch.hidden_layers)
+    return rows, _pow2(width), model.key_bucket(needed, cache.capacity), layers
 
 
 def _fill(graphs: GraphSet, rows: int, width: int, slots: list[int], counts: list[int], cache,
@@ -111,13 +127,15 @@ def _grid(graphs: GraphSet, rows: int, width: int, key_len: int, block_size: int
                 graphs.write_index[:n], graphs.starts[:rows], graphs.table[:rows, :nb])
 
 
-def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CUDAGraph, object]:
     """The graph of ``key``, capturing ``body()`` first if needed: a warm-up run on a side stream
     (it performs the call for real, also compiling what torch.compile has not yet), ``refill()``
     to restore the inputs the warm-up may have advanced, then the capture."""
+    global _captures
     entry = graphs.graphs.get(key)
     if entry is None:
         log.info("specdec: capturing a CUDA graph %s", key)
+        _captures += 1
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -131,10 +149,12 @@ def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CU
     return entry
 
 
-def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int, tuple[int, ...]]
+           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Run ``batch`` through the graph of ``shape`` (capturing it first if needed); returns the
-    grid's logits ``[R*T, V]`` (valid until the next replay) and each flat token's cell ``[N]``."""
-    rows, width, key_len = shape
+    grid's logits ``[R*T, V]`` and hidden states ``[R*T, L, H]`` (None when ``L`` is empty), both valid
+    until the next replay, and each flat token's cell ``[N]``."""
+    rows, width, key_len, layers = shape
     graphs: GraphSet = cache.graphs
 
     def fill() -> torch.Tensor:
@@ -144,12 +164,16 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int]) -> tu
     cell_index = fill()
     grid = _grid(graphs, rows, width, key_len, cache.block_size)
 
-    def body() -> torch.Tensor:
-        return model.head(model.compute(grid, cache, capturable=True)[0])
+    inner = frozenset(i for i in layers if i < model.num_layers)
+    every = slice(None)
 
-    graph, logits = _captured(graphs, ("forward", *shape), body, fill)
+    def body() -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, hidden = model.compute(grid, cache, inner, capturable=True)
+        return model.head(x), model.states(x, hidden, layers, every) if layers else None
+
+    graph, (logits, states) = _captured(graphs, ("forward", *shape), body, fill)
     graph.replay()
-    return logits, cell_index
+    return logits, states, cell_index
 
 
 def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, steps: int) -> torch.Tensor:

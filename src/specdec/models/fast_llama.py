@@ -20,7 +20,7 @@ products and attention of :mod:`.deterministic`, over key lengths padded to its 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +42,13 @@ from specdec.models.layers import (
     attention_inputs,
     attention_output,
     attention_output_and_mlp,
+    decoder_layer,
     dense_experts,
     rms_norm,
     routed_experts,
 )
 from specdec.models.prefix_cache import PrefixCache
+from specdec.models.segments import compute_segments, segments, sub_batch
 
 __all__ = ["FastLlamaLM", "unsupported_reason"]
 
@@ -149,8 +151,14 @@ class FastLlamaLM(CausalLM):
     supports_layer_subsets = True
     pads_rows = True
 
+    @property
+    def fuses_prefill(self) -> bool:
+        """Prompt chunks share the decoding step's forward (:mod:`.segments`): on a CPU, where a forward's
+        fixed cost is a large share of a step, outside the deterministic mode (its grids are per row)."""
+        return self.device.type == "cpu" and not self.deterministic
+
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
-                 pack_weights: bool = True, deterministic: bool = False) -> None:
+                 pack_weights: bool = True, deterministic: bool = False, fuse_layers: bool = True) -> None:
         if deterministic and model.device.type != "cpu":
             raise SpecDecError(
                 f"deterministic mode runs on a CPU only (its batch-invariant kernels are not written for "
@@ -170,6 +178,11 @@ class FastLlamaLM(CausalLM):
         # instead of about thirty, which is what a small model's graph replay is made of.
         self._attention_inputs, self._attention_output_and_mlp = attention_inputs, attention_output_and_mlp
         self._attention_output, self._dense_experts = attention_output, dense_experts
+        # A captured forward's dense layers run compiled whole while ``fuse_layers`` (read at capture): the
+        # cache write and gather and the attention inside the compiled function too, so fewer kernels per
+        # layer; off, the pieces around the attention are compiled apart (kept for comparisons).
+        self.fuse_layers = fuse_layers
+        self._decoder_layer = None
         if self.use_cuda_graphs:
             # One compiled function serves every model of the process (a draft and its target
             # differ in width): allow a recompile per model and dtype.
@@ -178,6 +191,7 @@ class FastLlamaLM(CausalLM):
                         for f in (attention_inputs, attention_output_and_mlp, attention_output, dense_experts)]
             (self._attention_inputs, self._attention_output_and_mlp, self._attention_output,
              self._dense_experts) = compiled
+            self._decoder_layer = torch.compile(decoder_layer, dynamic=True, fullgraph=True)
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.eps, self.scale, self.offset = spec.eps, spec.scale, spec.family.norm_offset
         base = model.model
@@ -285,13 +299,14 @@ class FastLlamaLM(CausalLM):
                     needs_mask=not (width == 1 and key_len == needed), write_range=(row, start))
 
     @staticmethod
-    def _cache_access(g: Grid, cache: PagedKVPool, capturable: bool) -> tuple[Callable, Callable]:
+    def _cache_access(g: Grid, cache: PagedKVPool, capturable: bool,
+                      rows_of: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[Callable, Callable]:
         """``write(pool, new)`` of new keys or values ``[R, kv_heads, T, head_dim]`` into their cells,
         and ``read(pool, which)``: the attended cache of the grid's rows, ``[R, kv_heads, K, head_dim]``
         (a view of token-major rows; ``which``: 0 for keys, 1 for values, whose gathered copies must
         not share a buffer). Chosen once per forward: slices where one row's blocks are consecutive
-        (cheapest on a CPU), else through the block table (on a CPU into
-        :meth:`PagedKVPool.gather_buffers`)."""
+        (cheapest on a CPU), else through the block table (``rows_of``: the grid's :func:`storage_rows`; on a
+        CPU into :meth:`PagedKVPool.gather_buffers`)."""
         rows, width, key_len = g.rows, g.width, g.key_len
         if g.write_range is not None:
             first, start = g.write_range
@@ -303,7 +318,7 @@ class FastLlamaLM(CausalLM):
                 return pool[first : first + key_len].transpose(0, 1)[None]
 
             return write, read
-        write_rows, read_rows = storage_rows(g, cache.block_size, cache.scratch_row)
+        write_rows, read_rows = rows_of
 
         def write(pool: torch.Tensor, new: torch.Tensor) -> None:
             pool[write_rows] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])
@@ -348,12 +363,21 @@ class FastLlamaLM(CausalLM):
             if self.embed_scale is not None:
                 x = x * self.embed_scale
         hidden = {0: x} if 0 in hidden_wanted else {}
-        write, read = self._cache_access(g, cache, capturable)
+        rows_of = None if g.write_range is not None else storage_rows(g, cache.block_size, cache.scratch_row)
+        write, read = self._cache_access(g, cache, capturable, rows_of)
         gqa = nkv != nh
         pair = width == 1 and self.pair_single_queries
         det = self.deterministic
+        fused = self._decoder_layer if capturable and self.fuse_layers and rows_of is not None else None
         for i in run:
             layer = self.layers[i]
+            if fused is not None and layer.experts is None:
+                x = fused(x, layer.attention, layer.output, *ropes[layer.rope], cache.keys[i], cache.values[i],
+                          *rows_of, views[layer.window][0], eps, nh, nkv, gqa, offset, self.scale, spec.attn_softcap,
+                          act)
+                if i + 1 in hidden_wanted:
+                    hidden[i + 1] = x
+                continue
             q, k, v = self._attention_inputs(x, *layer.attention, *ropes[layer.rope], eps, nh, nkv, offset, det)
             keys, values = cache.keys[i], cache.values[i]
             write(keys, k)
@@ -376,6 +400,16 @@ class FastLlamaLM(CausalLM):
             if i + 1 in hidden_wanted:
                 hidden[i + 1] = x
         return x.view(rows * width, -1), hidden
+
+    def states(self, x: torch.Tensor, hidden: dict[int, torch.Tensor], layers: Sequence[int],
+               cells: torch.Tensor | slice) -> torch.Tensor:
+        """The hidden states ``[M, len(layers), H]`` of grid ``cells`` (``[M]`` or a slice) for
+        transformers' ``hidden_states`` indices ``layers`` (non-negative; ``num_layers`` is the final,
+        normed one): ``x`` ``[R*T, H]`` is the last layer's output and ``hidden`` the inner layers' of
+        :meth:`compute`."""
+        final, width = self.num_layers, x.shape[-1]
+        return torch.stack([self.final_hidden(x[cells]) if i == final else hidden[i].reshape(-1, width)[cells]
+                            for i in layers], dim=1)
 
     def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the last layer's output ``[M, H]``."""
@@ -433,37 +467,47 @@ class FastLlamaLM(CausalLM):
         if shape is not None:
             if cache.graphs is None:
                 cache.graphs = GraphSet.allocate(cache, self.device)
-            logits, cell_index = replay(self, batch, cache, shape)
+            logits, states, cell_index = replay(self, batch, cache, shape)
             for slot, count in zip(batch.slots, batch.num_tokens):
                 cache.lengths[slot] += count
             wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
-            return ForwardOutput(logits[wanted])
-        g, cell_index = self.grid(batch, cache)
+            return ForwardOutput(logits[wanted], None if states is None else states[wanted])
         final = len(self.layers)
         wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
-        x = batch.input_hidden
-        if x is not None:  # the flat tokens' input laid out on the grid
-            if cell_index is not None:
-                x = x.new_zeros(g.rows * g.width, x.shape[-1]).index_copy_(0, cell_index, x)
-            x = x.view(g.rows, g.width, -1)
-        x, hidden = self.compute(g, cache, frozenset(i for i in wanted_layers if i < final), batch.layers, x)
+        inner = frozenset(i for i in wanted_layers if i < final)
+        parts = segments(batch) if self.fuses_prefill else None
+        if parts is not None:  # decoding rows and prompt chunks: a grid each, the products shared
+            grids, cells, offset = [], [], 0
+            for rows in parts:
+                g, index = self.grid(sub_batch(batch, rows), cache)
+                count = batch.cu_seqlens[rows.stop] - batch.cu_seqlens[rows.start]
+                cells.append(index + offset if index is not None else
+                             torch.arange(offset, offset + count, device=self.device))
+                grids.append(g)
+                offset += g.rows * g.width
+            cell_index = torch.cat(cells)
+            x, hidden = compute_segments(self, grids, cache, inner)
+        else:
+            g, cell_index = self.grid(batch, cache)
+            x = batch.input_hidden
+            if x is not None:  # the flat tokens' input laid out on the grid
+                if cell_index is not None:
+                    x = x.new_zeros(g.rows * g.width, x.shape[-1]).index_copy_(0, cell_index, x)
+                x = x.view(g.rows, g.width, -1)
+            x, hidden = self.compute(g, cache, inner, batch.layers, x)
         for slot, count in zip(batch.slots, batch.num_tokens):
             cache.lengths[slot] += count
         # Grid cells of the wanted flat rows (a single row's cells are its flat tokens).
         if cell_index is None:
             wanted = slice(None) if batch.logits_rows is None else batch.logits_rows
+            kept = wanted if batch.hidden_rows is None else batch.hidden_rows
         else:
             wanted = cell_index if batch.logits_rows is None else cell_index[batch.logits_rows]
+            kept = wanted if batch.hidden_rows is None else cell_index[batch.hidden_rows]
         last = x[wanted]
-        if last.shape[0] == 0:
+        if last.shape[0] == 0 and batch.hidden_rows is None:
             return ForwardOutput(x.new_empty(0, self.vocab_size))
-        out_hidden = None
-        if wanted_layers:
-            normed = self.final_hidden(last)
-            out_hidden = torch.stack(
-                [normed if i == final else hidden[i].reshape(g.rows * g.width, -1)[wanted] for i in wanted_layers],
-                dim=1,
-            )
+        out_hidden = self.states(x, hidden, wanted_layers, kept) if wanted_layers else None
         if batch.exit_adapter is not None:
             last = batch.exit_adapter(last)
         return ForwardOutput(self.head(last, batch.output_head), out_hidden)

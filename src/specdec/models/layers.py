@@ -5,7 +5,8 @@ attention itself (SDPA, or explicit where scores are soft-capped), the dense MLP
 They call torch's operators directly, not their Python wrappers where that saves a call: on a CPU
 a small model's step is bound by per-call cost. A dense layer's matrix products go through
 :func:`~.cpu_linear.linear` (a oneDNN-prepacked weight on a CPU in bfloat16, else ``F.linear``).
-Under CUDA graphs :mod:`.fast_llama` compiles the first and the last two with torch.compile; every
+Under CUDA graphs :mod:`.fast_llama` compiles :func:`decoder_layer` (a dense layer whole, its cache
+write and gather included) or, for routed layers, the pieces around the experts, with torch.compile; every
 argument that is not a tensor is a constant there (dims, eps, flags, the activation's name).
 ``deterministic`` (the backend's batch-invariant mode) selects :mod:`.deterministic`'s matrix products
 and attention.
@@ -137,6 +138,29 @@ def attention_output_and_mlp(
     if mlp_out_norm is not None:
         out = rms_norm(out, mlp_out_norm, eps, offset)
     return x + out
+
+
+def decoder_layer(
+    x: torch.Tensor, attention: tuple, output: tuple, cos: torch.Tensor, sin: torch.Tensor, key_pool: torch.Tensor,
+    value_pool: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor, eps: float,
+    num_heads: int, num_kv_heads: int, gqa: bool, offset: bool, scale: float, softcap: float | None, act: str,
+) -> torch.Tensor:
+    """A whole dense decoder layer over a grid ``x`` ``[R, T, H]``, as one function for torch.compile to fuse
+    (what a CUDA graph's forward runs): :func:`attention_inputs` (``attention`` its weights), the new keys and
+    values written to pool storage rows ``write_rows`` ``[R*T]`` of ``key_pool``/``value_pool`` ``[S, kv_heads,
+    head_dim]``, the attended entries gathered from ``read_rows`` ``[R*K]`` (row-major), :func:`attend` under
+    ``mask`` ``[R, 1, T, K]``, then :func:`attention_output_and_mlp` (``output`` its weights). ``gqa``: whether
+    ``num_kv_heads < num_heads`` (a bool, not derived here: under dynamic shapes the head counts are symbolic)."""
+    rows, width = x.shape[:2]
+    q, k, v = attention_inputs(x, *attention, cos, sin, eps, num_heads, num_kv_heads, offset)
+    head_dim = q.shape[-1]
+    key_pool.index_put_((write_rows,), k.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim))
+    value_pool.index_put_((write_rows,), v.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim))
+    key_len = read_rows.shape[0] // rows
+    keys = key_pool.index_select(0, read_rows).view(rows, key_len, num_kv_heads, head_dim).transpose(1, 2)
+    values = value_pool.index_select(0, read_rows).view(rows, key_len, num_kv_heads, head_dim).transpose(1, 2)
+    attn = attend(q, keys, values, mask, scale, gqa, False, softcap)
+    return attention_output_and_mlp(x, attn, *output, eps, offset, act)
 
 
 def route(h: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool, deterministic: bool = False

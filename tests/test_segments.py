@@ -1,0 +1,74 @@
+"""A fast forward of a decoding step's rows with prompt chunks as its last rows (``ForwardBatch.chunk_rows``,
+:mod:`specdec.models.segments`) equals the step and the chunks as forwards of their own: the step's logits,
+every wanted token's hidden states, and the cache both leave (a later step reads it), in every family of the
+fast backend (windows, soft-capping, experts, partial rotary) and in bfloat16 within its rounding."""
+
+import pytest
+import torch
+from helpers import FAMILY_ARCHS, build_model
+
+from specdec.models.base import ForwardBatch
+from specdec.models.fast_llama import FastLlamaLM
+from specdec.models.segments import segments
+
+CONTEXT = [(5 * i + 2) % 90 + 1 for i in range(30)]
+STEP = [[11], [12, 13, 14]]  # two decoding rows: a pending token, and one with two drafts
+CHUNKS = [[(3 * i) % 80 + 4 for i in range(20)], [(7 * i) % 70 + 9 for i in range(9)]]
+HIDDEN = (0, 1, -1)
+
+
+
+def _cache(lm: FastLlamaLM):
+    """Slots 0-1 hold a 30-token context (the decoding rows), slot 2 its first 10 (a prompt being fed), slot 3
+    nothing (a prompt's first chunk)."""
+    cache = lm.new_cache(4, 96)
+    lm.forward(ForwardBatch.from_rows([CONTEXT, CONTEXT[::-1], CONTEXT[:10]], [0, 0, 0], [0, 1, 2], lm.device,
+                                      logits="none"), cache)
+    return cache
+
+
+def _forward(lm: FastLlamaLM, cache, rows: list[list[int]], slots: list[int], chunk_rows: int = 0):
+    """Rows fed at their slots' lengths with the ``HIDDEN`` states of every token; with ``chunk_rows``, logits of
+    the other rows' tokens only."""
+    batch = ForwardBatch.from_rows(rows, [cache.lengths[s] for s in slots], slots, lm.device)
+    batch.hidden_layers, batch.chunk_rows = HIDDEN, chunk_rows
+    if chunk_rows:
+        batch.logits_rows = slice(0, sum(len(r) for r in rows[: len(rows) - chunk_rows]))
+        batch.hidden_rows = slice(0, batch.cu_seqlens[-1])
+    return lm.forward(batch, cache)
+
+
+def test_segments_are_the_step_then_each_chunk():
+    batch = ForwardBatch.from_rows([*STEP, *CHUNKS], [0] * 4, [0, 1, 2, 3], torch.device("cpu"))
+    assert segments(batch) is None  # no chunk rows: one grid
+    batch.chunk_rows = 2
+    assert segments(batch) == [range(0, 2), range(2, 3), range(3, 4)]
+    batch.chunk_rows = 4
+    assert segments(batch) is None  # no decoding rows: a prefill, one grid
+
+
+@pytest.mark.parametrize("arch", ["llama", *FAMILY_ARCHS])
+def test_a_fused_forward_is_the_step_and_the_chunks_apart(arch):
+    # Gemma's norms compute in float32 (as transformers' do), whose rounding follows the tensors' shapes.
+    _check(arch, torch.float64, {"atol": 1e-6, "rtol": 1e-4} if arch.startswith("gemma") else
+           {"atol": 1e-9, "rtol": 1e-9})
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_bfloat16_within_its_rounding(arch):
+    _check(arch, torch.bfloat16, {"atol": 0.05, "rtol": 0.05})
+
+
+def _check(arch: str, dtype: torch.dtype, tol: dict) -> None:
+    lm = FastLlamaLM(build_model(arch, seed=3, scale=2.0).to(dtype), arch)
+    assert lm.fuses_prefill
+    fused_cache, apart_cache = _cache(lm), _cache(lm)
+    fused = _forward(lm, fused_cache, [*STEP, *CHUNKS], [0, 1, 2, 3], chunk_rows=2)
+    step = _forward(lm, apart_cache, STEP, [0, 1])
+    chunks = _forward(lm, apart_cache, CHUNKS, [2, 3])
+    torch.testing.assert_close(fused.logits, step.logits, **tol)
+    torch.testing.assert_close(fused.hidden, torch.cat([step.hidden, chunks.hidden]), **tol)
+    assert fused_cache.lengths == apart_cache.lengths == [31, 33, 30, 9]
+    nxt = [[20], [21], [22], [23]]  # one more token in every slot reads the cache each left
+    torch.testing.assert_close(_forward(lm, fused_cache, nxt, [0, 1, 2, 3]).logits,
+                               _forward(lm, apart_cache, nxt, [0, 1, 2, 3]).logits, **tol)
