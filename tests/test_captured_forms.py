@@ -28,8 +28,8 @@ DENSE = [a for a in FAMILY_ARCHS if a not in ("qwen3_moe", "mixtral")]
 def _captured_form(lm, fused: bool) -> tuple[torch.Tensor, dict, list[torch.Tensor]]:
     """Logits and hidden states (layer 1) of ``ROWS`` through ``compute(capturable=True)``, in the fused form
     (the layer function uncompiled) or the pieces, over a pool whose blocks interleave; and the keys written."""
-    lm.fuse_layers, saved = fused, lm._decoder_layer
-    lm._decoder_layer = decoder_layer if fused else None
+    saved = lm.fuse_layers, lm._decoder_layer
+    lm.fuse_layers, lm._decoder_layer = fused, decoder_layer if fused else None
     try:
         cache = lm.new_cache(3, 64)
         for length in range(1, 10):  # the slots take blocks in turn: tables that are not consecutive
@@ -40,7 +40,7 @@ def _captured_form(lm, fused: bool) -> tuple[torch.Tensor, dict, list[torch.Tens
         x, hidden = lm.compute(grid, cache, frozenset({1}), capturable=True)
         return lm.head(x)[cells], {i: h.reshape(x.shape[0], -1)[cells] for i, h in hidden.items()}, cache.keys
     finally:
-        lm.fuse_layers, lm._decoder_layer = True, saved
+        lm.fuse_layers, lm._decoder_layer = saved
 
 
 @pytest.mark.parametrize("arch", DENSE)

@@ -34,7 +34,16 @@ from specdec.models.cpu_linear import pack
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.deterministic import pad_keys, rows_linear
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
-from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, storage_rows, tree_mask, wide_bucket
+from specdec.models.grid import (
+    WIDE_TOKENS,
+    Grid,
+    attention_view,
+    read_rows,
+    storage_rows,
+    tree_mask,
+    wide_bucket,
+    write_rows,
+)
 from specdec.models.hf import context_window
 from specdec.models.kv_pool import BLOCK_SIZE, PagedKVPool
 from specdec.models.layers import (
@@ -318,21 +327,16 @@ class FastLlamaLM(CausalLM):
                 return pool[first : first + key_len].transpose(0, 1)[None]
 
             return write, read
-        write_rows, read_rows = rows_of
+        written, attended = rows_of
 
         def write(pool: torch.Tensor, new: torch.Tensor) -> None:
-            pool[write_rows] = new.transpose(1, 2).reshape(rows * width, *new.shape[1::2])
+            write_rows(pool, written, new)
 
-        if cache.keys[0].device.type == "cpu" and not capturable:
-            buffers = cache.gather_buffers(rows, key_len)
+        # On CUDA the caching allocator reuses the copies' memory (and graphs capture it).
+        buffers = cache.gather_buffers(rows, key_len) if cache.keys[0].device.type == "cpu" and not capturable else None
 
-            def read(pool: torch.Tensor, which: int) -> torch.Tensor:
-                out = torch.index_select(pool, 0, read_rows, out=buffers[which])
-                return out.view(rows, key_len, *pool.shape[1:]).transpose(1, 2)
-        else:  # CUDA's caching allocator reuses the copies' memory (and graphs capture it)
-
-            def read(pool: torch.Tensor, which: int) -> torch.Tensor:
-                return pool.index_select(0, read_rows).view(rows, key_len, *pool.shape[1:]).transpose(1, 2)
+        def read(pool: torch.Tensor, which: int) -> torch.Tensor:
+            return read_rows(pool, attended, rows, None if buffers is None else buffers[which])
 
         return write, read
 

@@ -72,6 +72,19 @@ def storage_rows(g: Grid, block_size: int, scratch: int) -> tuple[torch.Tensor, 
     return write, read
 
 
+def write_rows(pool: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> None:
+    """Write new keys or values ``new`` ``[R, kv_heads, T, head_dim]`` into ``pool`` ``[S, kv_heads, head_dim]``
+    at storage rows ``rows`` ``[R*T]`` (row-major cells, as :func:`storage_rows` gives them)."""
+    pool.index_put_((rows,), new.transpose(1, 2).reshape(rows.shape[0], *new.shape[1::2]))
+
+
+def read_rows(pool: torch.Tensor, rows: torch.Tensor, num_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The attended entries of ``num_rows`` grid rows, ``[R, kv_heads, K, head_dim]``, gathered from ``pool`` at
+    storage rows ``rows`` ``[R*K]`` (row-major, as :func:`storage_rows` gives them); into ``out`` if given."""
+    gathered = torch.index_select(pool, 0, rows) if out is None else torch.index_select(pool, 0, rows, out=out)
+    return gathered.view(num_rows, -1, *pool.shape[1:]).transpose(1, 2)
+
+
 def tree_mask(tree: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """A tree forward's mask ``[R, 1, T, K]``: the committed context, plus the new tokens ``tree``
     ``[N, T_max]`` lets each token see; and the position of every attended entry ``[R, K]`` (a

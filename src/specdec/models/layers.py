@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.models import deterministic as det
+from specdec.models import grid
 from specdec.models.cpu_linear import linear
 
 
@@ -142,23 +143,21 @@ def attention_output_and_mlp(
 
 def decoder_layer(
     x: torch.Tensor, attention: tuple, output: tuple, cos: torch.Tensor, sin: torch.Tensor, key_pool: torch.Tensor,
-    value_pool: torch.Tensor, write_rows: torch.Tensor, read_rows: torch.Tensor, mask: torch.Tensor, eps: float,
+    value_pool: torch.Tensor, written: torch.Tensor, attended: torch.Tensor, mask: torch.Tensor, eps: float,
     num_heads: int, num_kv_heads: int, gqa: bool, offset: bool, scale: float, softcap: float | None, act: str,
 ) -> torch.Tensor:
     """A whole dense decoder layer over a grid ``x`` ``[R, T, H]``, as one function for torch.compile to fuse
     (what a CUDA graph's forward runs): :func:`attention_inputs` (``attention`` its weights), the new keys and
-    values written to pool storage rows ``write_rows`` ``[R*T]`` of ``key_pool``/``value_pool`` ``[S, kv_heads,
-    head_dim]``, the attended entries gathered from ``read_rows`` ``[R*K]`` (row-major), :func:`attend` under
+    values written to pool storage rows ``written`` ``[R*T]`` of ``key_pool``/``value_pool`` ``[S, kv_heads,
+    head_dim]`` (:func:`.grid.write_rows`), the attended entries gathered from ``attended`` ``[R*K]``
+    (:func:`.grid.read_rows`), :func:`attend` under
     ``mask`` ``[R, 1, T, K]``, then :func:`attention_output_and_mlp` (``output`` its weights). ``gqa``: whether
     ``num_kv_heads < num_heads`` (a bool, not derived here: under dynamic shapes the head counts are symbolic)."""
-    rows, width = x.shape[:2]
     q, k, v = attention_inputs(x, *attention, cos, sin, eps, num_heads, num_kv_heads, offset)
-    head_dim = q.shape[-1]
-    key_pool.index_put_((write_rows,), k.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim))
-    value_pool.index_put_((write_rows,), v.transpose(1, 2).reshape(rows * width, num_kv_heads, head_dim))
-    key_len = read_rows.shape[0] // rows
-    keys = key_pool.index_select(0, read_rows).view(rows, key_len, num_kv_heads, head_dim).transpose(1, 2)
-    values = value_pool.index_select(0, read_rows).view(rows, key_len, num_kv_heads, head_dim).transpose(1, 2)
+    grid.write_rows(key_pool, written, k)
+    grid.write_rows(value_pool, written, v)
+    rows = x.shape[0]
+    keys, values = grid.read_rows(key_pool, attended, rows), grid.read_rows(value_pool, attended, rows)
     attn = attend(q, keys, values, mask, scale, gqa, False, softcap)
     return attention_output_and_mlp(x, attn, *output, eps, offset, act)
 
