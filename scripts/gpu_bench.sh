@@ -12,13 +12,15 @@
 #   peers   transformers' generate and assisted generation on the inflated pair
 #
 # Each stage is bounded by STAGE_TIMEOUT seconds (default 900) so that one stuck stage leaves the others' results.
-# Smaller runs: PROMPTS, TOKENS, CHECK_METHODS, COSTS_SHAPES, SPEC_METHODS, SPEC_K (see below for the defaults).
+# Smaller runs: PROMPTS, TOKENS, CHECK_METHODS, COSTS_SHAPES, SPEC_METHODS, SPEC_K, SWEEP_BATCHES, SWEEP_PROMPTS
+# (see below for the defaults). SPECDEC_SRC: the sources to run (default ./src; another checkout's src for a
+# before/after comparison on the same machine).
 # Reports go to $OUT (default gpu-results): a log per stage and each bench's bench.md and bench.json. The inflated
 # pairs are built once into $SPECDEC_SHAPES_DIR (default /tmp/specdec-shapes).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=${SPECDEC_SRC:-$PWD/src}:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export SPECDEC_SHAPES_DIR=${SPECDEC_SHAPES_DIR:-/tmp/specdec-shapes}
 LIMIT=${STAGE_TIMEOUT:-900}
 PROMPTS=${PROMPTS:-8}
@@ -29,6 +31,8 @@ COSTS_MODES=${COSTS_MODES:-eager graphs graphs+fused}
 SHAPE=${SHAPE:-8b}
 SPEC_METHODS=${SPEC_METHODS:-plain,draft_model,eagle,medusa,ngram,suffix}
 SPEC_K=${SPEC_K:-2 4 8 auto}
+SWEEP_BATCHES=${SWEEP_BATCHES:-1 4 16 64}
+SWEEP_PROMPTS=${SWEEP_PROMPTS:-64}
 S="python3 -m specdec.cli"
 
 bench() {  # bench NAME ARGS...: one specdec bench run, its report kept as $OUT/NAME.md and $OUT/NAME.json
@@ -50,7 +54,7 @@ stage() {
                    | tee "$OUT/costs.log" ;;
         spec) bench spec --shape $SHAPE --methods "$SPEC_METHODS" --num-speculative-tokens $SPEC_K --batch-size 1 ;;
         sweep) bench sweep --shape $SHAPE --methods plain,draft_model,eagle --num-speculative-tokens auto \
-                   --batch-size 1 4 16 64 --num-prompts 64 ;;
+                   --batch-size $SWEEP_BATCHES --num-prompts "$SWEEP_PROMPTS" ;;
         peers) bench peers --shape $SHAPE --methods plain,draft_model,hf,hf_assisted --num-speculative-tokens 4 \
                    --batch-size 1 ;;
         *) echo "unknown stage $1 (check, costs, spec, sweep, peers)" >&2; return 2 ;;

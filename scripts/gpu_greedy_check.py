@@ -5,7 +5,9 @@ multi-token forward may round differently from a one-token forward: mismatches t
 not failed), every method of :data:`METHODS` (plain, a draft model's graphed draft loop, n-grams,
 the suffix cache, lookahead, self-speculation and the trained early exit, the hidden-state forwards
 of EAGLE, Medusa and MTP, an EAGLE-2 tree, the auto method), eager and with CUDA graphs, batch 1 and
-a batch of 8 prompts with ragged lengths. Exits 1 on a float32 mismatch.
+a batch of 8 prompts with ragged lengths. Exits 1 on a float32 mismatch, or when a graphed draft_model or eagle
+run replayed no greedy draft chain (its drafting fell back to eager forwards, as it silently did with a draft
+vocabulary until 2026-11-28).
 
     python scripts/gpu_greedy_check.py --dtypes float32 --max-tokens 64
 """
@@ -36,6 +38,20 @@ METHODS = {
 }
 
 
+CAPTURED_DRAFTING = ("draft_model", "eagle")
+"""Methods whose greedy draft loop a graphed run must replay as one graph (checked, not only timed)."""
+
+
+def _drafter_graphs(llm) -> list[str] | None:
+    """The kinds of graph the drafter's own pool captured (``forward``, ``greedy_chain``), or None when the
+    drafter has no pool of the fast backend."""
+    cache = getattr(llm.engine.drafter, "cache", None)
+    graphs = getattr(cache, "graphs", None)
+    if graphs is None:
+        return None if cache is None or not hasattr(cache, "graphs") else []
+    return sorted({key[0] for key in graphs.graphs})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
@@ -63,9 +79,16 @@ def main() -> int:
                     reference = outs
                 same = sum(a == b for a, b in zip(outs, reference))
                 ok = same == len(prompts) and single == reference[0]
+                captured = _drafter_graphs(llm)
                 print(f"{dtype} {method} {'eager' if eager else 'graphs'}: {same}/{len(prompts)} batched equal "
-                      f"plain eager, batch-1 equal: {single == reference[0]}", flush=True)
+                      f"plain eager, batch-1 equal: {single == reference[0]}"
+                      + (f"; drafter graphs: {', '.join(captured) or 'none'}" if captured is not None else ""),
+                      flush=True)
                 failed |= dtype == "float32" and not ok
+                on_gpu = llm.engine.target.device.type == "cuda"
+                if on_gpu and not eager and method in CAPTURED_DRAFTING and "greedy_chain" not in (captured or []):
+                    print(f"{method}: the greedy draft loop ran eagerly under CUDA graphs", flush=True)
+                    failed = True
     return 1 if failed else 0
 
 

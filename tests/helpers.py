@@ -140,3 +140,23 @@ def record_drafts(llm, prompts: list[list[int]], max_tokens: int = 20) -> list[t
     llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=max_tokens))
     assert len(records) > 20 and any(len(d) == 3 for _, d in records)
     return records
+
+
+class _BodyRan:
+    """Stands for a captured graph whose body already ran: replaying it does nothing."""
+
+    def replay(self) -> None:
+        pass
+
+
+def run_graph_bodies_eagerly(monkeypatch) -> None:
+    """Make :mod:`specdec.models.cuda_graphs` run a graph's body once where it would capture (or look up) the
+    graph and replay it: what a replay computes, on a CPU. Each key asked for is recorded in the pool's
+    ``graphs.graphs`` (value None)."""
+    from specdec.models import cuda_graphs
+
+    def body_once(graphs, key, body, refill):
+        graphs.graphs[key] = None
+        return _BodyRan(), body()
+
+    monkeypatch.setattr(cuda_graphs, "_captured", body_once)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import VOCAB as MODEL_VOCAB
-from helpers import build_model
+from helpers import build_model, run_graph_bodies_eagerly
 from test_early_exit import make_adapter
 from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
 from test_heads import llama, make_heads, references  # noqa: F401 - module fixtures
@@ -77,6 +77,33 @@ def test_heads_with_a_draft_vocab_match_transformers(model_dirs, llama, referenc
     drafts = record_drafts(llm)
     check_outputs(run_batch(llm), references)
     assert len(drafts) > 50 and set(drafts) <= set(expected_ids(counts, DRAFT_VOCAB))
+
+
+@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+def test_captured_drafting_with_a_draft_vocab_matches_transformers(model_dirs, llama, references, tmp_path,  # noqa: F811
+                                                                    monkeypatch, method):
+    """What a GPU captures, on a CPU (each graph's body run once in place of a capture and replay): the drafter's
+    forwards and its whole greedy draft chain score the draft vocabulary's rows of the head and map their argmax
+    to token ids. Output equals transformers' greedy output; drafts come from the draft vocabulary."""
+    run_graph_bodies_eagerly(monkeypatch)
+    folder = tmp_path / method
+    if method == "eagle":
+        make_heads(llama, method, folder, seed=1)
+    else:
+        shutil.copytree(model_dirs["llama"]["truncated"], folder)
+    counts = write_counts(folder, MODEL_VOCAB, seed=2)
+    spec = {"method": method, "model": str(folder), "num_speculative_tokens": 4, "draft_vocab_size": DRAFT_VOCAB}
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=16)
+    drafter = llm.engine.drafter
+    model = drafter.layer if method == "eagle" else drafter.model
+    model.use_cuda_graphs = True
+    drafts = record_drafts(llm)
+    check_outputs(run_batch(llm), references)
+    assert len(drafts) > 50 and set(drafts) <= set(expected_ids(counts, DRAFT_VOCAB))
+    head = (drafter.vocab.head.data_ptr(), len(drafter.vocab.head))
+    keys = list(drafter.cache.graphs.graphs)
+    assert any(k[0] == "greedy_chain" and k[-1] == head for k in keys), keys
+    assert any(k[0] == "forward" and head in k for k in keys), keys
 
 
 def test_the_folder_sets_the_default_draft_vocab(model_dirs, llama, tmp_path):  # noqa: F811

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_model, record_drafts
+from helpers import build_model, record_drafts, run_graph_bodies_eagerly
 from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
 from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
 from test_train import MODULES
@@ -109,6 +109,38 @@ def test_eagle_drafts_equal_a_fresh_computation(model_dirs, llama, tmp_path):
     spec = {"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 3}
     llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=4)
     check_eagle_drafts_from_scratch(llm, module, lambda ids: llama(ids, output_hidden_states=True).hidden_states[-1])
+
+
+def test_eagle_drafts_through_the_captured_bodies(model_dirs, llama, references, tmp_path, monkeypatch):
+    """What a GPU runs for eagle, on a CPU: the layer marked as capturing, each graph's body run once in place of
+    a capture and replay. The catch-up forward fed the target's features and the whole greedy draft chain
+    (rows of different k in one chain, each keeping its own first k tokens) give the drafts computed from
+    scratch, and a batch's output equals transformers' greedy output."""
+    run_graph_bodies_eagerly(monkeypatch)
+    module = make_heads(llama, "eagle", tmp_path / "eagle", seed=3, scale=3.0)
+    spec = {"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 3}
+    ragged = []
+    for check in ("drafts", "outputs"):
+        llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64",
+                  max_num_seqs=4 if check == "drafts" else 16)
+        drafter = llm.engine.drafter
+        drafter.layer.use_cuda_graphs = True
+        chains = drafter._chains
+
+        def spy(seqs, active, ks, rows, width, chains=chains):
+            taken = chains(seqs, active, ks, rows, width)
+            ragged.append(taken and len({ks[b] for b in active}) > 1)
+            return taken
+
+        drafter._chains = spy
+        if check == "drafts":
+            check_eagle_drafts_from_scratch(
+                llm, module, lambda ids: llama(ids, output_hidden_states=True).hidden_states[-1])
+        else:
+            check_outputs(run_batch(llm), references)
+        kinds = {key[0] for key in drafter.cache.graphs.graphs}
+        assert kinds == {"forward", "greedy_chain"}, kinds
+    assert any(ragged) and not all(ragged)
 
 
 @pytest.fixture(scope="module")

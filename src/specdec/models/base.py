@@ -334,6 +334,27 @@ class CausalLM(ABC):
             out.append(tokens)
         return torch.stack(out, dim=1)
 
+    def feature_chain(self, tokens: torch.Tensor, features: torch.Tensor, inputs: Callable, slots: list[int],
+                      cache: KVCache, steps: int, output_head: torch.Tensor | None = None,
+                      token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy continuation of a feature drafter (an EAGLE layer): each of ``steps`` one-token forwards is fed
+        ``inputs(feature, token)`` ``[B, H]`` (``input_hidden``) at the slot's cached length, starting from
+        ``features`` ``[B, H]`` and ``tokens`` ``[B]``; the next token is the argmax of its logits and the next
+        feature its final hidden state (``hidden_layers`` ``(-1,)``). Returns the tokens ``[B, steps]``; each slot
+        grows by ``steps``. The draft loop of a greedy EAGLE row; a backend may run it as one captured graph.
+        ``output_head`` and ``token_ids``: a reduced vocabulary, as in :meth:`greedy_chain`."""
+        out = []
+        for _ in range(steps):
+            batch = ForwardBatch.one_token_per_row(tokens, slots, cache)
+            batch.hidden_layers = (-1,)
+            batch.input_hidden, batch.output_head = inputs(features, tokens), output_head
+            result = self.forward(batch, cache)
+            tokens, features = argmax(result.logits), result.hidden[:, 0]
+            if token_ids is not None:
+                tokens = token_ids[tokens]
+            out.append(tokens)
+        return torch.stack(out, dim=1)
+
     def check_fits(self, batch: ForwardBatch, cache: KVCache) -> None:
         """Raise ValueError when a row would write past its slot's capacity."""
         for slot, count in zip(batch.slots, batch.num_tokens):

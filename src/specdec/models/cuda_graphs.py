@@ -1,4 +1,4 @@
-"""CUDA graphs of the fast backend's chain forward: one launch instead of hundreds per step.
+"""CUDA graphs of the fast backend's forwards: one launch instead of hundreds per step.
 
 A graph is captured lazily, once per shape ``(R, T, K, L)``: ``R`` rows (a power of two, at most
 the pool's slots), ``T`` tokens per row (a power of two up to :data:`MAX_GRAPH_WIDTH`), ``K``
@@ -8,8 +8,15 @@ that reads the target's features, EAGLE, Medusa, MTP, is captured too). Rows are
 ``r``, its block table row ``r`` of a static table buffer, through which the graph computes where
 each cell writes and what each row reads (a gather); a slot with no sequence in the batch is a
 dummy row that writes only to the pool's scratch row. Inputs go through static buffers that every
-graph of the pool shares; all graphs of a pool share one memory pool (they never run at
-once, and each output is consumed before the next replay).
+graph of the pool shares (a forward fed hidden states instead of token ids, the EAGLE layer's, through
+``GraphSet.features``; a tree forward's mask bits through ``GraphSet.tree_cells``); all graphs of a pool
+share one memory pool (they never run at once, and each output is consumed before the next replay). A
+forward's other variants (rows of the output head, a subset of the layers, an exit adapter, a tree) are
+part of its graph's key.
+
+Two draft loops are captured whole, ``steps`` one-token forwards each feeding the last argmax
+(:func:`replay_greedy_chain`): a draft model's, and a feature drafter's (EAGLE), which also feeds
+its last predicted feature through the drafter's input function.
 
 Outside the graph: laying the batch out in the buffers (one pinned host-to-device copy and
 two scatters) and picking the wanted logits.
@@ -19,12 +26,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec.models.base import ForwardBatch, to_device
-from specdec.models.grid import Grid
+from specdec.models.grid import Grid, tree_bits, tree_mask
 
 MAX_GRAPH_WIDTH = 16
 """Rows feeding more tokens than this (prefills, very long drafts) run eagerly."""
@@ -59,8 +67,25 @@ class GraphSet:
     write_index: torch.Tensor
     starts: torch.Tensor
     real: torch.Tensor
-    pool: tuple = field(default_factory=torch.cuda.graph_pool_handle)
-    graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
+    pool: tuple | None = None
+    graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = field(default_factory=dict)
+    features: torch.Tensor | None = None
+    tree_cells: torch.Tensor | None = None
+
+    def tree_rows(self, cells: int, width: int) -> torch.Tensor:
+        """The static buffer of a tree forward's :func:`~.grid.tree_bits`, as ``[cells, width]`` bool (allocated
+        by the first fill, ``max_rows * MAX_GRAPH_WIDTH`` rows of ``MAX_GRAPH_WIDTH``, never again)."""
+        if self.tree_cells is None:
+            self.tree_cells = torch.zeros(self.ids.shape[0] * MAX_GRAPH_WIDTH, dtype=torch.bool,
+                                          device=self.ids.device)
+        return self.tree_cells[: cells * width].view(cells, width)
+
+    def feature_rows(self, like: torch.Tensor) -> torch.Tensor:
+        """The static buffer of fed hidden states, ``[max_rows * MAX_GRAPH_WIDTH, H]`` in ``like``'s width
+        and dtype (allocated by the first fill, never again: graphs read its memory)."""
+        if self.features is None:
+            self.features = like.new_zeros(self.ids.shape[0], like.shape[-1])
+        return self.features
 
     @classmethod
     def allocate(cls, cache, device: torch.device) -> GraphSet:
@@ -71,14 +96,15 @@ class GraphSet:
             return torch.zeros(n, dtype=torch.long, device=device)
 
         table = torch.zeros(num_slots, cache.blocks_for(cache.capacity), dtype=torch.long, device=device)
+        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # a CPU: the bodies' tests
         return cls(num_slots, buffer(cells), buffer(cells), table, buffer(cells), buffer(num_slots),
-                   buffer(num_slots))
+                   buffer(num_slots), pool)
 
 
 def graph_shape(model, batch: ForwardBatch, cache) -> tuple[int, int, int, tuple[int, ...]] | None:
     """``(R, T, K, L)`` of the graph that serves ``batch`` (``L``: the hidden layers it returns, as
     non-negative indices), or None when it must run eagerly."""
-    if batch.tree_mask is not None or batch.hidden_rows is not None:
+    if batch.hidden_rows is not None:
         return None
     width = max(batch.num_tokens)
     if width > MAX_GRAPH_WIDTH:
@@ -127,6 +153,12 @@ def _grid(graphs: GraphSet, rows: int, width: int, key_len: int, block_size: int
                 graphs.write_index[:n], graphs.starts[:rows], graphs.table[:rows, :nb])
 
 
+def _key(head: torch.Tensor | None) -> tuple[int, int] | None:
+    """A graph key's part for the output head rows ``[V', H]`` it scores with (None: the whole head): their
+    storage and count (a slice of the head, even an empty one, shares the head's storage)."""
+    return None if head is None else (head.data_ptr(), head.shape[0])
+
+
 def _captured(graphs: GraphSet, key: tuple, body, refill) -> tuple[torch.cuda.CUDAGraph, object]:
     """The graph of ``key``, capturing ``body()`` first if needed: a warm-up run on a side stream
     (it performs the call for real, also compiling what torch.compile has not yet), ``refill()``
@@ -153,13 +185,25 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int, tuple[
            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Run ``batch`` through the graph of ``shape`` (capturing it first if needed); returns the
     grid's logits ``[R*T, V]`` and hidden states ``[R*T, L, H]`` (None when ``L`` is empty), both valid
-    until the next replay, and each flat token's cell ``[N]``."""
+    until the next replay, and each flat token's cell ``[N]``. A batch with ``input_hidden`` ``[N, H]``
+    feeds those states instead of its tokens' embeddings, one with ``output_head`` ``[V', H]`` scores those rows
+    of the head (``[R*T, V']`` logits), one with ``layers`` runs those layers only, one with an
+    ``exit_adapter`` scores its output and one with a ``tree_mask`` attends through it (its bits laid out in a
+    static buffer, the mask computed in the graph): each a graph of its own."""
     rows, width, key_len, layers = shape
     graphs: GraphSet = cache.graphs
+    n, fed, head = rows * width, batch.input_hidden, batch.output_head
+    run, adapter, tree = batch.layers, batch.exit_adapter, batch.tree_mask
+    run = None if run is None else tuple(run)
 
     def fill() -> torch.Tensor:
-        return _fill(graphs, rows, width, batch.slots, batch.num_tokens, cache, batch.input_ids, batch.positions,
-                     model.device)
+        cells = _fill(graphs, rows, width, batch.slots, batch.num_tokens, cache, batch.input_ids, batch.positions,
+                      model.device)
+        if fed is not None:
+            graphs.feature_rows(fed)[:n].zero_().index_copy_(0, cells, fed)
+        if tree is not None:
+            tree_bits(tree, cells, rows, width, out=graphs.tree_rows(n, width))
+        return cells
 
     cell_index = fill()
     grid = _grid(graphs, rows, width, key_len, cache.block_size)
@@ -168,32 +212,53 @@ def replay(model, batch: ForwardBatch, cache, shape: tuple[int, int, int, tuple[
     every = slice(None)
 
     def body() -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, hidden = model.compute(grid, cache, inner, capturable=True)
-        return model.head(x), model.states(x, hidden, layers, every) if layers else None
+        x = None if fed is None else graphs.features[:n].view(rows, width, -1)
+        if tree is not None:
+            grid.mask, grid.key_positions = tree_mask(graphs.tree_rows(n, width), grid)
+        x, hidden = model.compute(grid, cache, inner, run, x, capturable=True)
+        scored = x if adapter is None else adapter(x)
+        return model.head(scored, head), model.states(x, hidden, layers, every) if layers else None
 
-    graph, (logits, states) = _captured(graphs, ("forward", *shape), body, fill)
+    key = ("forward", *shape, fed is not None, _key(head), run, None if adapter is None else id(adapter),
+           tree is not None)
+    graph, (logits, states) = _captured(graphs, key, body, fill)
     graph.replay()
     return logits, states, cell_index
 
 
-def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, steps: int) -> torch.Tensor:
+def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, steps: int,
+                        output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None,
+                        features: torch.Tensor | None = None, inputs: Callable | None = None) -> torch.Tensor:
     """:meth:`~specdec.models.base.CausalLM.greedy_chain` as one graph: ``steps`` one-token
-    forwards, each feeding the previous argmax, with positions and cache indices advanced on
-    the device. Returns ``[B, steps]``."""
+    forwards, each feeding the previous argmax (over the rows ``output_head`` ``[V', H]`` of the head, whose
+    token ids are ``token_ids`` ``[V']``, if given), with positions and cache indices advanced on
+    the device. With ``features`` ``[B, H]`` and ``inputs``, :meth:`~specdec.models.base.CausalLM.feature_chain`:
+    each forward is fed ``inputs(feature, token)`` instead of the token's embedding, and the next feature is the
+    forward's final hidden state. Returns ``[B, steps]``."""
     graphs: GraphSet = cache.graphs
     rows = min(_pow2(max(slots) + 1), cache.num_slots)
     key_len = model.key_bucket(max(cache.lengths[s] for s in slots) + steps, cache.capacity)
     start_positions = to_device([cache.lengths[s] for s in slots], model.device)
 
     def fill() -> torch.Tensor:
-        return _fill(graphs, rows, 1, slots, [1] * len(slots), cache, tokens, start_positions, model.device)
+        cells = _fill(graphs, rows, 1, slots, [1] * len(slots), cache, tokens, start_positions, model.device)
+        if features is not None:
+            graphs.feature_rows(features)[:rows].zero_().index_copy_(0, cells, features)
+        return cells
 
     def body() -> torch.Tensor:
         grid = _grid(graphs, rows, 1, key_len, cache.block_size)
         real = graphs.real[:rows]
+        feature = None if features is None else graphs.features[:rows]
         out = []
         for _ in range(steps):
-            token = model.head(model.compute(grid, cache, capturable=True)[0]).argmax(-1)
+            x = None if feature is None else inputs(feature, grid.ids).view(rows, 1, -1)
+            last = model.compute(grid, cache, x=x, capturable=True)[0]
+            token = model.head(last, output_head).argmax(-1)
+            if token_ids is not None:
+                token = token_ids[token]
+            if feature is not None:
+                feature = model.final_hidden(last)
             out.append(token)
             grid.ids.copy_(token)
             grid.positions.add_(real[:, None])
@@ -202,7 +267,8 @@ def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, st
         return torch.stack(out, dim=1)
 
     cell_index = fill()
-    graph, out = _captured(graphs, ("greedy_chain", rows, key_len, steps), body, fill)
+    key = ("greedy_chain", rows, key_len, steps, features is not None, _key(output_head))
+    graph, out = _captured(graphs, key, body, fill)
     graph.replay()
     for slot in slots:
         cache.lengths[slot] += steps

@@ -40,6 +40,7 @@ from specdec.models.grid import (
     attention_view,
     read_rows,
     storage_rows,
+    tree_bits,
     tree_mask,
     wide_bucket,
     write_rows,
@@ -291,7 +292,7 @@ class FastLlamaLM(CausalLM):
         g = Grid(rows, width, key_len, ids, positions.view(rows, width), host[:cells_at], starts_t, table_t,
                  needs_mask=not (single and key_len == needed))
         if batch.tree_mask is not None:
-            g.mask, g.key_positions = tree_mask(batch.tree_mask, cell_index, g)
+            g.mask, g.key_positions = tree_mask(tree_bits(batch.tree_mask, cell_index, rows, width), g)
         return g, cell_index
 
     def _single_row_grid(self, batch: ForwardBatch, start: int, cache: PagedKVPool) -> Grid | None:
@@ -438,11 +439,23 @@ class FastLlamaLM(CausalLM):
         if (self.device.type == "cpu" and fits and len(slots) == 1
                 and cache.consecutive_rows(slots[0], cache.lengths[slots[0]] + steps) is not None):
             return self._one_row_chain(tokens, slots[0], cache, steps, output_head, token_ids)
-        if not (self.use_cuda_graphs and fits) or output_head is not None:
+        if not (self.use_cuda_graphs and fits):
             return super().greedy_chain(tokens, slots, cache, steps, output_head, token_ids)
         if cache.graphs is None:
             cache.graphs = GraphSet.allocate(cache, self.device)
-        return replay_greedy_chain(self, tokens, slots, cache, steps)
+        return replay_greedy_chain(self, tokens, slots, cache, steps, output_head, token_ids)
+
+    @torch.inference_mode()
+    def feature_chain(self, tokens: torch.Tensor, features: torch.Tensor, inputs: Callable, slots: list[int],
+                      cache: PagedKVPool, steps: int, output_head: torch.Tensor | None = None,
+                      token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.use_cuda_graphs and all(cache.lengths[s] + steps <= cache.capacity for s in slots):
+            for s in slots:
+                cache.reserve(s, cache.lengths[s] + steps)
+            if cache.graphs is None:
+                cache.graphs = GraphSet.allocate(cache, self.device)
+            return replay_greedy_chain(self, tokens, slots, cache, steps, output_head, token_ids, features, inputs)
+        return super().feature_chain(tokens, features, inputs, slots, cache, steps, output_head, token_ids)
 
     def _one_row_chain(self, token: torch.Tensor, slot: int, cache: PagedKVPool, steps: int,
                        output_head: torch.Tensor | None, token_ids: torch.Tensor | None) -> torch.Tensor:
@@ -465,9 +478,7 @@ class FastLlamaLM(CausalLM):
         self.check_fits(batch, cache)
         for slot, count in zip(batch.slots, batch.num_tokens):
             cache.reserve(slot, cache.lengths[slot] + count)
-        subset = batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None or \
-            batch.output_head is not None
-        shape = graph_shape(self, batch, cache) if self.use_cuda_graphs and not subset else None
+        shape = graph_shape(self, batch, cache) if self.use_cuda_graphs else None
         if shape is not None:
             if cache.graphs is None:
                 cache.graphs = GraphSet.allocate(cache, self.device)

@@ -85,16 +85,23 @@ def read_rows(pool: torch.Tensor, rows: torch.Tensor, num_rows: int, out: torch.
     return gathered.view(num_rows, -1, *pool.shape[1:]).transpose(1, 2)
 
 
-def tree_mask(tree: torch.Tensor, cell_index: torch.Tensor, g: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """A tree forward's mask ``[R, 1, T, K]``: the committed context, plus the new tokens ``tree``
-    ``[N, T_max]`` lets each token see; and the position of every attended entry ``[R, K]`` (a
-    committed entry's index, a new token's tree position)."""
+def tree_bits(tree: torch.Tensor, cell_index: torch.Tensor, rows: int, width: int,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The new tokens each cell of an ``[R, T]`` grid sees, ``[R*T, T]`` bool (into ``out`` if given): a real
+    cell its row of ``tree`` ``[N, T_max]`` (``T_max <= T``; new token 0 too), a padding cell only token 0
+    (its output is never used, but a cell that sees nothing would give NaN)."""
+    bits = tree.new_zeros(rows * width, width) if out is None else out.zero_()
+    bits[:, 0] = True
+    bits[cell_index, : tree.shape[1]] = tree[:, :width]
+    return bits
+
+
+def tree_mask(bits: torch.Tensor, g: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree forward's mask ``[R, 1, T, K]`` from its cells' :func:`tree_bits` ``[R*T, T]``: the committed
+    context, plus the new tokens each cell sees; and the position of every attended entry ``[R, K]`` (a
+    committed entry's index, a new token's tree position). Device work only (capturable in a CUDA graph)."""
     rows, width = g.rows, g.width
-    device = tree.device
-    bits = tree.new_zeros(rows * width, width)
-    bits[:, 0] = True  # padding cells see something (their output is never used)
-    bits[cell_index] = tree[:, :width]  # real cells see exactly their tree (new token 0 too)
-    key = torch.arange(g.key_len, device=device)
+    key = torch.arange(g.key_len, device=bits.device)
     rel = key[None, :] - g.starts[:, None]  # [R, K]
     inside = (rel >= 0) & (rel < width)
     column = rel.clamp(0, width - 1)

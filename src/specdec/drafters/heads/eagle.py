@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from specdec.argmax import argmax
 from specdec.drafters.base import (
     DraftBatch,
     LoadOptions,
@@ -125,7 +126,8 @@ class EagleDrafter(HeadDrafter):
         if embed is not None:
             self.embed = embed
         if layer is None:
-            layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}", use_cuda_graphs=False)
+            layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}",
+                                use_cuda_graphs=getattr(target, "use_cuda_graphs", False))
             self.cache = layer.new_cache(num_slots, capacity, prefix_caching=prefix_caching)
         else:
             self.cache = layer.new_cache(num_slots, capacity)
@@ -227,7 +229,10 @@ class EagleDrafter(HeadDrafter):
             if not rows.all_greedy:
                 probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
             index = to_device(active, device)
-            for i in range(width):
+            if self._chains(seqs, active, ks, rows, width):
+                self._draft_chain(seqs, active, logits, feature, tokens, index)
+                active = []
+            for i in range(width if active else 0):
                 token = draw_column(logits, rows, probs, index, i, tokens)
                 still = [j for j, b in enumerate(active) if ks[b] > i + 1]
                 if not still:
@@ -240,6 +245,28 @@ class EagleDrafter(HeadDrafter):
                 logits, feature = out.logits, out.hidden[:, 0]
         self._commit(seqs, committed)
         return DraftBatch(tokens, ks, probs)
+
+    def _chains(self, seqs: list[Sequence], active: list[int], ks: list[int], rows: SamplingBatch, width: int) -> bool:
+        """Whether the rows ``active`` draft their tokens after the first in one :meth:`~CausalLM.feature_chain`
+        call (one graph on a GPU): every row greedy and unconstrained, room in the pool for
+        ``width - 1`` more entries a row, and the rows' widths equal unless the layer captures the chain (a row
+        then drafts past its own ``k`` inside the graph and keeps its first ``k`` tokens)."""
+        if width < 2 or not rows.all_greedy or rows.constrained:
+            return False
+        if any(self.cache.lengths[seqs[b].slot] + width - 1 > self.cache.capacity for b in active):
+            return False
+        return len({ks[b] for b in active}) == 1 or getattr(self.layer, "use_cuda_graphs", False)
+
+    def _draft_chain(self, seqs: list[Sequence], active: list[int], logits: torch.Tensor, feature: torch.Tensor,
+                     tokens: torch.Tensor, index: torch.Tensor) -> None:
+        """Greedy drafts of the rows ``active`` (batch rows ``index`` ``[A]``) from the layer's logits ``[A, V]``
+        and predicted feature ``[A, H]`` at their pending position, written into ``tokens`` ``[B, K]`` (a row's
+        columns past its ``k`` are padding)."""
+        first = argmax(logits)
+        chain = self.layer.feature_chain(first, feature, self._inputs, [seqs[b].slot for b in active], self.cache,
+                                         tokens.shape[1] - 1, head_rows(self.vocab),
+                                         None if self.vocab is None else self.vocab.ids)
+        tokens[index] = torch.cat([first[:, None], chain], dim=1)
 
     def _propose_tree(self, seqs: list[Sequence], ks: list[int], fed: list[int], out: ForwardOutput,
                       committed: dict[int, int]
