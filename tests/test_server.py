@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import platform
 import socket
 import threading
 import time
@@ -373,3 +374,25 @@ def test_a_failing_engine_step_is_a_logged_500_without_a_traceback(text_model_di
         served.settle()
     finally:
         served.stop()
+
+
+def test_the_worker_returns_the_free_heap_when_it_falls_idle(spec_server, monkeypatch):
+    """After a burst the worker hands the heap's free pages back (glibc's malloc_trim), so that an idle server's
+    resident memory does not stay at the burst's peak; at most every TRIM_EVERY seconds."""
+    from specdec.server import worker
+
+    assert worker.return_free_heap() is (platform.libc_ver()[0] == "glibc")
+    spec_server.settle()
+    calls = []
+    monkeypatch.setattr(worker, "TRIM_EVERY", 0.0)
+    monkeypatch.setattr(worker, "return_free_heap", lambda: calls.append(1) or True)
+    spec_server.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls, "the worker fell idle without returning the free heap"
+    monkeypatch.setattr(worker, "TRIM_EVERY", 3600.0)  # a trim within the hour: no other
+    calls.clear()
+    spec_server.client().completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0)
+    time.sleep(0.2)
+    assert not calls

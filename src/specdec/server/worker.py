@@ -5,13 +5,16 @@ HTTP handlers never touch model state: they hand :class:`Job` objects to the wor
 an asyncio queue of their own. Between two steps the worker applies every queued command
 (new sequences join the batch, aborted ones leave it and free their slot), then runs one
 step and hands each sequence's new :class:`~specdec.llm.StreamOutput` to its job. While
-nothing runs it sleeps on the command queue.
+nothing runs it sleeps on the command queue; when it falls idle it first returns the free heap to the
+system (at most every ``TRIM_EVERY`` seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import queue
 import threading
@@ -24,6 +27,32 @@ from specdec.sampling import SamplingParams
 from specdec.server.metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
+
+
+TRIM_EVERY = 5.0
+"""Seconds at least between two returns of the free heap to the system (:func:`return_free_heap`)."""
+
+
+def _libc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_trim = _libc_trim()
+
+
+def return_free_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); False where there is no
+    such call. A step's tensors are freed to the heap, which glibc keeps mapped: after a burst of requests the
+    server's resident memory would stay at the burst's peak while it idles."""
+    if _trim is None:
+        return False
+    _trim(0)
+    return True
 
 
 class ShuttingDown(RuntimeError):
@@ -87,11 +116,15 @@ class EngineWorker:
     # ------------------------------------------------------------------ the loop (worker thread)
     def _run(self) -> None:
         scheduler = self.llm.scheduler
+        trimmed = time.monotonic()
         while True:
             if not self._apply_commands(block=not scheduler.has_work):
                 break
             if scheduler.has_work:
                 self._step()
+                if not scheduler.has_work and time.monotonic() - trimmed >= TRIM_EVERY:
+                    return_free_heap()  # idle now: nothing waits on this thread
+                    trimmed = time.monotonic()
             self.metrics.running.set(scheduler.num_running)
             self.metrics.waiting.set(len(scheduler.waiting))
         for job in list(self._jobs.values()):
