@@ -46,10 +46,9 @@ def _drafter_graphs(llm) -> list[str] | None:
     """The kinds of graph the drafter's own pool captured (``forward``, ``greedy_chain``), or None when the
     drafter has no pool of the fast backend."""
     cache = getattr(llm.engine.drafter, "cache", None)
-    graphs = getattr(cache, "graphs", None)
-    if graphs is None:
-        return None if cache is None or not hasattr(cache, "graphs") else []
-    return sorted({key[0] for key in graphs.graphs})
+    if not hasattr(cache, "graphs"):
+        return None
+    return [] if cache.graphs is None else sorted({key[0] for key in cache.graphs.graphs})
 
 
 def main() -> int:

@@ -136,7 +136,7 @@ def test_graph_bodies_fed_hidden_states_equal_the_eager_forms(monkeypatch, reduc
     tokens, features = logits.argmax(-1), states[:, 0]
     if ids is not None:
         tokens = ids[tokens]
-    eager = CausalLM.feature_chain(lm, tokens, features, inputs, [0, 2], eager_cache, 5, head, ids)
+    eager = CausalLM.greedy_chain(lm, tokens, [0, 2], eager_cache, 5, head, ids, features, inputs)
     for s in (0, 2):
         graph_cache.reserve(s, graph_cache.lengths[s] + 5)
     graphed = replay_greedy_chain(lm, tokens, [0, 2], graph_cache, 5, head, ids, features, inputs)

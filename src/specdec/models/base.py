@@ -316,42 +316,31 @@ class CausalLM(ABC):
         the wanted logits (and hidden states)."""
 
     def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: KVCache, steps: int,
-                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None,
+                     features: torch.Tensor | None = None, inputs: Callable | None = None) -> torch.Tensor:
         """Greedy continuation of one token per row: feed ``tokens`` ``[B]`` (row ``b`` into slot
         ``slots[b]`` at its cached length), then each row's argmax, ``steps`` forwards in all.
         Returns the argmax after every fed token, ``[B, steps]``; each slot grows by ``steps``.
         The draft loop of a greedy draft model; a backend may run it as one captured graph.
         With ``output_head`` ``[V', H]`` (:attr:`ForwardBatch.output_head`), the argmax is over those rows
         of the head only, ``token_ids`` ``[V']`` their token ids.
+        With ``features`` ``[B, H]`` and ``inputs``, the draft loop of a feature drafter (an EAGLE layer): each
+        forward is fed ``inputs(feature, token)`` ``[B, H]`` (``input_hidden``) instead of the token's embedding,
+        starting from ``features``, and the next feature is the forward's final hidden state
+        (``hidden_layers`` ``(-1,)``).
         """
         out = []
         for _ in range(steps):
             batch = ForwardBatch.one_token_per_row(tokens, slots, cache)
             batch.output_head = output_head
-            tokens = argmax(self.forward(batch, cache).logits)
-            if token_ids is not None:
-                tokens = token_ids[tokens]
-            out.append(tokens)
-        return torch.stack(out, dim=1)
-
-    def feature_chain(self, tokens: torch.Tensor, features: torch.Tensor, inputs: Callable, slots: list[int],
-                      cache: KVCache, steps: int, output_head: torch.Tensor | None = None,
-                      token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Greedy continuation of a feature drafter (an EAGLE layer): each of ``steps`` one-token forwards is fed
-        ``inputs(feature, token)`` ``[B, H]`` (``input_hidden``) at the slot's cached length, starting from
-        ``features`` ``[B, H]`` and ``tokens`` ``[B]``; the next token is the argmax of its logits and the next
-        feature its final hidden state (``hidden_layers`` ``(-1,)``). Returns the tokens ``[B, steps]``; each slot
-        grows by ``steps``. The draft loop of a greedy EAGLE row; a backend may run it as one captured graph.
-        ``output_head`` and ``token_ids``: a reduced vocabulary, as in :meth:`greedy_chain`."""
-        out = []
-        for _ in range(steps):
-            batch = ForwardBatch.one_token_per_row(tokens, slots, cache)
-            batch.hidden_layers = (-1,)
-            batch.input_hidden, batch.output_head = inputs(features, tokens), output_head
+            if inputs is not None:
+                batch.hidden_layers, batch.input_hidden = (-1,), inputs(features, tokens)
             result = self.forward(batch, cache)
-            tokens, features = argmax(result.logits), result.hidden[:, 0]
+            tokens = argmax(result.logits)
             if token_ids is not None:
                 tokens = token_ids[tokens]
+            if inputs is not None:
+                features = result.hidden[:, 0]
             out.append(tokens)
         return torch.stack(out, dim=1)
 

@@ -232,9 +232,9 @@ def replay_greedy_chain(model, tokens: torch.Tensor, slots: list[int], cache, st
     """:meth:`~specdec.models.base.CausalLM.greedy_chain` as one graph: ``steps`` one-token
     forwards, each feeding the previous argmax (over the rows ``output_head`` ``[V', H]`` of the head, whose
     token ids are ``token_ids`` ``[V']``, if given), with positions and cache indices advanced on
-    the device. With ``features`` ``[B, H]`` and ``inputs``, :meth:`~specdec.models.base.CausalLM.feature_chain`:
-    each forward is fed ``inputs(feature, token)`` instead of the token's embedding, and the next feature is the
-    forward's final hidden state. Returns ``[B, steps]``."""
+    the device. With ``features`` ``[B, H]`` and ``inputs`` (a feature drafter's loop), each forward is fed
+    ``inputs(feature, token)`` instead of the token's embedding, and the next feature is the forward's final
+    hidden state. Returns ``[B, steps]``."""
     graphs: GraphSet = cache.graphs
     rows = min(_pow2(max(slots) + 1), cache.num_slots)
     key_len = model.key_bucket(max(cache.lengths[s] for s in slots) + steps, cache.capacity)

@@ -431,31 +431,20 @@ class FastLlamaLM(CausalLM):
 
     @torch.inference_mode()
     def greedy_chain(self, tokens: torch.Tensor, slots: list[int], cache: PagedKVPool, steps: int,
-                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     output_head: torch.Tensor | None = None, token_ids: torch.Tensor | None = None,
+                     features: torch.Tensor | None = None, inputs: Callable | None = None) -> torch.Tensor:
         fits = all(cache.lengths[s] + steps <= cache.capacity for s in slots)
         if fits:
             for s in slots:
                 cache.reserve(s, cache.lengths[s] + steps)
-        if (self.device.type == "cpu" and fits and len(slots) == 1
+        if (self.device.type == "cpu" and fits and len(slots) == 1 and inputs is None
                 and cache.consecutive_rows(slots[0], cache.lengths[slots[0]] + steps) is not None):
             return self._one_row_chain(tokens, slots[0], cache, steps, output_head, token_ids)
         if not (self.use_cuda_graphs and fits):
-            return super().greedy_chain(tokens, slots, cache, steps, output_head, token_ids)
+            return super().greedy_chain(tokens, slots, cache, steps, output_head, token_ids, features, inputs)
         if cache.graphs is None:
             cache.graphs = GraphSet.allocate(cache, self.device)
-        return replay_greedy_chain(self, tokens, slots, cache, steps, output_head, token_ids)
-
-    @torch.inference_mode()
-    def feature_chain(self, tokens: torch.Tensor, features: torch.Tensor, inputs: Callable, slots: list[int],
-                      cache: PagedKVPool, steps: int, output_head: torch.Tensor | None = None,
-                      token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self.use_cuda_graphs and all(cache.lengths[s] + steps <= cache.capacity for s in slots):
-            for s in slots:
-                cache.reserve(s, cache.lengths[s] + steps)
-            if cache.graphs is None:
-                cache.graphs = GraphSet.allocate(cache, self.device)
-            return replay_greedy_chain(self, tokens, slots, cache, steps, output_head, token_ids, features, inputs)
-        return super().feature_chain(tokens, features, inputs, slots, cache, steps, output_head, token_ids)
+        return replay_greedy_chain(self, tokens, slots, cache, steps, output_head, token_ids, features, inputs)
 
     def _one_row_chain(self, token: torch.Tensor, slot: int, cache: PagedKVPool, steps: int,
                        output_head: torch.Tensor | None, token_ids: torch.Tensor | None) -> torch.Tensor:

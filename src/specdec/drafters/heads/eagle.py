@@ -231,24 +231,32 @@ class EagleDrafter(HeadDrafter):
             index = to_device(active, device)
             if self._chains(seqs, active, ks, rows, width):
                 self._draft_chain(seqs, active, logits, feature, tokens, index)
-                active = []
-            for i in range(width if active else 0):
-                token = draw_column(logits, rows, probs, index, i, tokens)
-                still = [j for j, b in enumerate(active) if ks[b] > i + 1]
-                if not still:
-                    break
-                active, rows, (token, feature, index) = narrow_rows(still, active, rows, token, feature, index)
-                step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], cache)
-                step.hidden_layers = (-1,)
-                step.input_hidden = self._inputs(feature, token)
-                out = self._forward(step)
-                logits, feature = out.logits, out.hidden[:, 0]
+            else:
+                self._draft_loop(seqs, active, ks, rows, probs, logits, feature, tokens, index)
         self._commit(seqs, committed)
         return DraftBatch(tokens, ks, probs)
 
+    def _draft_loop(self, seqs: list[Sequence], active: list[int], ks: list[int], rows: SamplingBatch,
+                    probs: torch.Tensor | None, logits: torch.Tensor, feature: torch.Tensor, tokens: torch.Tensor,
+                    index: torch.Tensor) -> None:
+        """Draft the rows ``active`` token by token (sampled or constrained rows, or rows of different ``k``
+        without a captured chain) from the layer's logits ``[A, V]`` and predicted feature ``[A, H]``, a row
+        stopping at its ``k``: into ``tokens`` ``[B, K]`` and, for sampled rows, ``probs`` ``[B, K, V]``."""
+        for i in range(tokens.shape[1]):
+            token = draw_column(logits, rows, probs, index, i, tokens)
+            still = [j for j, b in enumerate(active) if ks[b] > i + 1]
+            if not still:
+                break
+            active, rows, (token, feature, index) = narrow_rows(still, active, rows, token, feature, index)
+            step = ForwardBatch.one_token_per_row(token, [seqs[b].slot for b in active], self.cache)
+            step.hidden_layers = (-1,)
+            step.input_hidden = self._inputs(feature, token)
+            out = self._forward(step)
+            logits, feature = out.logits, out.hidden[:, 0]
+
     def _chains(self, seqs: list[Sequence], active: list[int], ks: list[int], rows: SamplingBatch, width: int) -> bool:
-        """Whether the rows ``active`` draft their tokens after the first in one :meth:`~CausalLM.feature_chain`
-        call (one graph on a GPU): every row greedy and unconstrained, room in the pool for
+        """Whether the rows ``active`` draft their tokens after the first in one :meth:`~CausalLM.greedy_chain`
+        call fed their features (one graph on a GPU): every row greedy and unconstrained, room in the pool for
         ``width - 1`` more entries a row, and the rows' widths equal unless the layer captures the chain (a row
         then drafts past its own ``k`` inside the graph and keeps its first ``k`` tokens)."""
         if width < 2 or not rows.all_greedy or rows.constrained:
@@ -263,9 +271,9 @@ class EagleDrafter(HeadDrafter):
         and predicted feature ``[A, H]`` at their pending position, written into ``tokens`` ``[B, K]`` (a row's
         columns past its ``k`` are padding)."""
         first = argmax(logits)
-        chain = self.layer.feature_chain(first, feature, self._inputs, [seqs[b].slot for b in active], self.cache,
-                                         tokens.shape[1] - 1, head_rows(self.vocab),
-                                         None if self.vocab is None else self.vocab.ids)
+        chain = self.layer.greedy_chain(first, [seqs[b].slot for b in active], self.cache, tokens.shape[1] - 1,
+                                        head_rows(self.vocab), None if self.vocab is None else self.vocab.ids,
+                                        feature, self._inputs)
         tokens[index] = torch.cat([first[:, None], chain], dim=1)
 
     def _propose_tree(self, seqs: list[Sequence], ks: list[int], fed: list[int], out: ForwardOutput,
