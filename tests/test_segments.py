@@ -9,7 +9,7 @@ from helpers import FAMILY_ARCHS, build_model
 
 from specdec.models.base import ForwardBatch
 from specdec.models.fast_llama import FastLlamaLM
-from specdec.models.segments import segments
+from specdec.models.segments import segments, width_groups
 
 CONTEXT = [(5 * i + 2) % 90 + 1 for i in range(30)]
 STEP = [[11], [12, 13, 14]]  # two decoding rows: a pending token, and one with two drafts
@@ -40,11 +40,22 @@ def _forward(lm: FastLlamaLM, cache, rows: list[list[int]], slots: list[int], ch
 
 def test_segments_are_the_step_then_each_chunk():
     batch = ForwardBatch.from_rows([*STEP, *CHUNKS], [0] * 4, [0, 1, 2, 3], torch.device("cpu"))
-    assert segments(batch) is None  # no chunk rows: one grid
+    assert segments(batch) == [[0, 1, 3], [2]]  # no chunk rows: by padded width (16 and under, then 24)
     batch.chunk_rows = 2
-    assert segments(batch) == [range(0, 2), range(2, 3), range(3, 4)]
+    assert segments(batch) == [[0, 1], [2], [3]]
     batch.chunk_rows = 4
-    assert segments(batch) is None  # no decoding rows: a prefill, one grid
+    assert segments(batch) == [[0], [1], [2], [3]]
+    batch = ForwardBatch.from_rows(STEP, [0] * 2, [0, 1], torch.device("cpu"))
+    assert segments(batch) is None  # every row in one grid of width 3
+
+
+def test_width_groups_split_only_where_it_saves_cells():
+    assert width_groups([1, 1, 3, 9], [0, 1, 2, 3]) == [[0, 1, 2, 3]]  # one grid of width 9
+    assert width_groups([1, 1, 20], [0, 1, 2]) == [[0, 1], [2]]  # 3 x 24 cells against 2 + 24: 46 saved, > 16
+    assert width_groups([1] * 40 + [100], list(range(41))) == [list(range(40)), [40]]
+    assert width_groups([14, 104, 98, 40, 44, 10], list(range(6))) == [[0, 5], [3, 4], [1, 2]]
+    assert width_groups([17, 16], [0, 1]) == [[0, 1]]  # 2 x 24 against 16 + 24: 8 saved
+    assert width_groups([5], [0]) == [[0]]
 
 
 @pytest.mark.parametrize("arch", ["llama", *FAMILY_ARCHS])
@@ -72,3 +83,38 @@ def _check(arch: str, dtype: torch.dtype, tol: dict) -> None:
     nxt = [[20], [21], [22], [23]]  # one more token in every slot reads the cache each left
     torch.testing.assert_close(_forward(lm, fused_cache, nxt, [0, 1, 2, 3]).logits,
                                _forward(lm, apart_cache, nxt, [0, 1, 2, 3]).logits, **tol)
+
+
+RAGGED = [[31], [(5 * i) % 60 + 3 for i in range(40)], [41, 42], [(11 * i) % 50 + 7 for i in range(20)]]
+
+
+@pytest.mark.parametrize("variant", ["tokens", "input_hidden", "layer_subset"])
+def test_a_ragged_forward_in_width_groups_is_one_grid(variant, monkeypatch):
+    """Rows of 1-40 tokens (a drafter catching up, prompts fed together) computed as width groups give one
+    padded grid's logits, hidden states and cache, fed token embeddings, given inputs (``input_hidden``, as the
+    EAGLE layer is) or a subset of the layers."""
+    from specdec.models import fast_llama
+
+    lm = FastLlamaLM(build_model("llama", seed=5, scale=2.0).to(torch.float64), "llama")
+
+    def run(split: bool):
+        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch: None)
+        cache = _cache(lm)
+        batch = ForwardBatch.from_rows(RAGGED, [cache.lengths[s] for s in range(4)], [0, 1, 2, 3], lm.device)
+        batch.hidden_layers = HIDDEN if variant != "layer_subset" else (1,)
+        if variant == "input_hidden":
+            batch.input_hidden = torch.randn(batch.cu_seqlens[-1], lm.embed.shape[1], dtype=torch.float64,
+                                             generator=torch.Generator().manual_seed(0))
+        if variant == "layer_subset":
+            batch.layers = (0, 1)
+        out = lm.forward(batch, cache)
+        nxt = ForwardBatch.from_rows([[20], [21], [22], [23]], [cache.lengths[s] for s in range(4)], [0, 1, 2, 3],
+                                     lm.device)
+        return out, lm.forward(nxt, cache).logits, list(cache.lengths)
+
+    assert segments(ForwardBatch.from_rows(RAGGED, [0] * 4, [0, 1, 2, 3], lm.device)) == [[0, 2], [3], [1]]
+    (split, split_next, split_lengths), (whole, whole_next, whole_lengths) = run(True), run(False)
+    torch.testing.assert_close(split.logits, whole.logits, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(split.hidden, whole.hidden, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(split_next, whole_next, atol=1e-9, rtol=1e-9)
+    assert split_lengths == whole_lengths

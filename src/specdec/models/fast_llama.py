@@ -480,17 +480,23 @@ class FastLlamaLM(CausalLM):
         wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
         inner = frozenset(i for i in wanted_layers if i < final)
         parts = segments(batch) if self.fuses_prefill else None
-        if parts is not None:  # decoding rows and prompt chunks: a grid each, the products shared
-            grids, cells, offset = [], [], 0
+        if parts is not None:  # rows of very different lengths (prompt chunks among them): a grid each
+            grids, cells, order, offset = [], [], [], 0
             for rows in parts:
-                g, index = self.grid(sub_batch(batch, rows), cache)
-                count = batch.cu_seqlens[rows.stop] - batch.cu_seqlens[rows.start]
+                sub, flat = sub_batch(batch, rows)
+                g, index = self.grid(sub, cache)
                 cells.append(index + offset if index is not None else
-                             torch.arange(offset, offset + count, device=self.device))
+                             torch.arange(offset, offset + len(flat), device=self.device))
                 grids.append(g)
+                order += flat
                 offset += g.rows * g.width
             cell_index = torch.cat(cells)
-            x, hidden = compute_segments(self, grids, cache, inner)
+            if order != list(range(len(order))):  # the flat tokens' cells, in the batch's order
+                cell_index = torch.empty_like(cell_index).index_copy_(0, to_device(order, self.device), cell_index)
+            x = batch.input_hidden
+            if x is not None:
+                x = x.new_zeros(offset, x.shape[-1]).index_copy_(0, cell_index, x)
+            x, hidden = compute_segments(self, grids, cache, inner, batch.layers, x)
         else:
             g, cell_index = self.grid(batch, cache)
             x = batch.input_hidden

@@ -1,18 +1,22 @@
 """One fast forward over rows of very different lengths: a decoding step's rows with prompt chunks fed in
-the same forward (chunked prefill fused into the step, :mod:`specdec.scheduler`).
+the same forward (chunked prefill fused into the step, :mod:`specdec.scheduler`), or any ragged batch (prompts
+fed together, a drafter catching up on the tokens of several steps).
 
 A :class:`~.grid.Grid` computes ``R x T`` cells for ``R`` rows of at most ``T`` tokens, so a 64-token prompt
 chunk beside 16 one-token rows would compute 17 x 64 cells for 80 tokens. Here the rows are cut into
-*segments*, each laid out as its own grid: the step's rows (pending tokens and drafts) together, then each
-prompt chunk (``ForwardBatch.chunk_rows``, the batch's last rows) alone. Every matrix
-product of a layer runs once over the cells of all segments, as one flat ``[1, C, H]`` block; only the
+*segments*, each laid out as its own grid: each prompt chunk (``ForwardBatch.chunk_rows``, the batch's last
+rows) alone, and the other rows grouped by the width their grid pads them to (:func:`width_groups`). Every
+matrix product of a layer runs once over the cells of all segments, as one flat ``[1, C, H]`` block; only the
 cache writes and the attention run per segment, each over its own grid and mask.
 
 Why: on a CPU a small model's forward has a fixed cost per call that a separate prefill forward pays a
 second time, and a padded grid pays for its padding. On the embedded pair's target (2 cores, float32, 200
 cached tokens; medians, two runs: ``docs/lab-notes/2026-11-28-fused-prefill.md``), one decoding row and a
 16-token chunk took 32-35 ms as segments, 39-49 ms apart and 40-42 ms as one padded grid (the row alone: 14-19
-ms); 16 rows and a 64-token chunk took 86-94 ms as segments, 99-119 ms apart and 436-466 ms as one grid.
+ms); 16 rows and a 64-token chunk took 86-94 ms as segments, 99-119 ms apart and 436-466 ms as one grid. The
+EAGLE layer's catch-up in a 64-stream server fed 1,234 tokens of 47 rows (10-104 tokens each) as a 50 x 128
+grid, 6,400 cells: 0.57-0.72 s, where its segments take about a fifth of the cells
+(``docs/lab-notes/2026-11-28-ragged.md``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.models.base import ForwardBatch
-from specdec.models.grid import Grid, attention_view, storage_rows
+from specdec.models.base import ForwardBatch, to_device
+from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, storage_rows, wide_bucket
 from specdec.models.kv_pool import PagedKVPool
 from specdec.models.layers import attend, routed_experts
 
@@ -30,49 +34,91 @@ if TYPE_CHECKING:
     from specdec.models.fast_llama import FastLlamaLM
 
 
-def segments(batch: ForwardBatch) -> list[range] | None:
-    """The rows of ``batch`` as segments (see the module docstring): its leading rows together, then each of its
-    ``chunk_rows`` last rows alone; None when it has no chunk rows, or no other rows (one grid serves it)."""
+SEGMENT_CELLS = 16
+"""What one more segment costs, in grid cells (its attention and cache calls per layer): rows are split by
+width only where that saves more cells than this per extra segment."""
+
+
+def segments(batch: ForwardBatch) -> list[list[int]] | None:
+    """The rows of ``batch`` as segments (see the module docstring): each of its ``chunk_rows`` last rows alone,
+    the other rows in :func:`width_groups` (one group with a tree mask); None where one grid serves the batch."""
     rows, chunks = batch.num_rows, batch.chunk_rows
-    if not 0 < chunks < rows:
-        return None
-    return [range(0, rows - chunks), *(range(b, b + 1) for b in range(rows - chunks, rows))]
+    lead = list(range(rows - chunks))
+    groups = [lead] if batch.tree_mask is not None else width_groups(batch.num_tokens, lead)
+    parts = [group for group in groups if group] + [[b] for b in range(rows - chunks, rows)]
+    return parts if len(parts) > 1 else None
 
 
-def sub_batch(batch: ForwardBatch, rows: range) -> ForwardBatch:
-    """The consecutive ``rows`` of ``batch`` as a batch of their own (a view of its flat tokens)."""
+def width_groups(counts: list[int], rows: list[int]) -> list[list[int]]:
+    """``rows`` (indices into ``counts``, each row's tokens) grouped by the width a CPU grid pads them to: rows of
+    at most :data:`~.grid.WIDE_TOKENS` tokens together, longer ones by :func:`~.grid.wide_bucket`; a single group
+    where splitting saves at most :data:`SEGMENT_CELLS` cells per extra group."""
+    if len(rows) < 2:
+        return [rows]
+    groups: dict[int, list[int]] = {}
+    for b in rows:
+        groups.setdefault(0 if counts[b] <= WIDE_TOKENS else wide_bucket(counts[b]), []).append(b)
+
+    def cells(width: int, group: list[int]) -> int:
+        return len(group) * (width or max(counts[b] for b in group))
+
+    widest = max(counts[b] for b in rows)
+    whole = cells(wide_bucket(widest) if widest > WIDE_TOKENS else 0, rows)
+    split = sum(cells(width, group) for width, group in groups.items())
+    if whole - split <= SEGMENT_CELLS * (len(groups) - 1):
+        return [rows]
+    return [groups[width] for width in sorted(groups)]
+
+
+def sub_batch(batch: ForwardBatch, rows: list[int]) -> tuple[ForwardBatch, list[int]]:
+    """The ``rows`` of ``batch`` as a batch of their own (a view of its flat tokens where they are consecutive),
+    and the batch's flat token index of each of its tokens."""
     cu = batch.cu_seqlens
-    first, last = cu[rows.start], cu[rows.stop]
-    return ForwardBatch(batch.input_ids[first:last], batch.positions[first:last], batch.slots[rows.start: rows.stop],
-                        [c - first for c in cu[rows.start: rows.stop + 1]])
+    flat = [t for b in rows for t in range(cu[b], cu[b + 1])]
+    counts = [cu[b + 1] - cu[b] for b in rows]
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    slots = [batch.slots[b] for b in rows]
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        first, last = cu[rows[0]], cu[rows[-1] + 1]
+        return ForwardBatch(batch.input_ids[first:last], batch.positions[first:last], slots, offsets), flat
+    index = to_device(flat, batch.input_ids.device)
+    return ForwardBatch(batch.input_ids[index], batch.positions[index], slots, offsets), flat
 
 
-def compute_segments(model: FastLlamaLM, grids: list[Grid], cache: PagedKVPool, hidden_wanted: frozenset[int]
+def compute_segments(model: FastLlamaLM, grids: list[Grid], cache: PagedKVPool, hidden_wanted: frozenset[int],
+                     layers: tuple[int, ...] | None = None, x: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """:meth:`~.fast_llama.FastLlamaLM.compute` over several grids at once: returns the last layer's output
     ``[C, H]`` (``C`` the cells of every grid, grid after grid) and the hidden states of the
-    ``hidden_wanted`` layers, ``[C, H]`` each. Every layer runs (no subsets); no CUDA graph."""
+    ``hidden_wanted`` layers, ``[C, H]`` each. ``layers``: the layers run (None: all); ``x`` ``[C, H]``: their
+    input (None: the embeddings). No CUDA graph."""
     spec = model.spec
     nh, nkv, hd = model.num_heads, model.num_kv_heads, model.head_dim
     eps, offset, act, det = model.eps, model.offset, spec.activation, model.deterministic
     sizes = [g.rows * g.width for g in grids]
     ropes, views, access = {}, [], []
-    for kind in {layer.rope for layer in model.layers}:
+    run = range(model.num_layers) if layers is None else layers
+    for kind in {model.layers[i].rope for i in run}:
         cos, sin = model.rope[kind]
         parts = [(cos[g.write_range[1]: g.write_range[1] + g.width], sin[g.write_range[1]: g.write_range[1] + g.width])
                  if g.write_range is not None else (cos[g.positions].flatten(0, 1), sin[g.positions].flatten(0, 1))
                  for g in grids]
         ropes[kind] = torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
     for g in grids:
-        views.append({window: attention_view(g, window) for window in {layer.window for layer in model.layers}})
+        views.append({window: attention_view(g, window) for window in {model.layers[i].window for i in run}})
         rows_of = None if g.write_range is not None else storage_rows(g, cache.block_size, cache.scratch_row)
         access.append(model._cache_access(g, cache, False, rows_of))
-    x = torch.nn.functional.embedding(torch.cat([g.ids for g in grids]), model.embed)[None]  # [1, C, H]
-    if model.embed_scale is not None:
-        x = x * model.embed_scale
+    if x is None:
+        x = torch.nn.functional.embedding(torch.cat([g.ids for g in grids]), model.embed)
+        if model.embed_scale is not None:
+            x = x * model.embed_scale
+    x = x[None]  # [1, C, H]
     hidden = {0: x[0]} if 0 in hidden_wanted else {}
     gqa = nkv != nh
-    for i, layer in enumerate(model.layers):
+    for i in run:
+        layer = model.layers[i]
         q, k, v = model._attention_inputs(x, *layer.attention, *ropes[layer.rope], eps, nh, nkv, offset, det)
         outs = []
         for g, q_g, k_g, v_g, (write, read), view in zip(grids, q.split(sizes, 2), k.split(sizes, 2),
