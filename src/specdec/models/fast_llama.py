@@ -38,6 +38,8 @@ from specdec.models.grid import (
     WIDE_TOKENS,
     Grid,
     attention_view,
+    on_cells,
+    padded_width,
     read_rows,
     storage_rows,
     tree_bits,
@@ -272,7 +274,7 @@ class FastLlamaLM(CausalLM):
             if g is not None:
                 return g, None
         if wide:  # padded to one of a few widths (padding cells write to the scratch row)
-            width = wide_bucket(width)
+            width = padded_width(width)
         cells = [b * width + t for b, c in enumerate(counts) for t in range(c)]
         write_index = [start + t if t < c else -1 for start, c in zip(starts, counts) for t in range(width)]
         needed = max(s + c for s, c in zip(starts, counts))
@@ -493,16 +495,12 @@ class FastLlamaLM(CausalLM):
             cell_index = torch.cat(cells)
             if order != list(range(len(order))):  # the flat tokens' cells, in the batch's order
                 cell_index = torch.empty_like(cell_index).index_copy_(0, to_device(order, self.device), cell_index)
-            x = batch.input_hidden
-            if x is not None:
-                x = x.new_zeros(offset, x.shape[-1]).index_copy_(0, cell_index, x)
+            x = on_cells(batch.input_hidden, cell_index, offset)
             x, hidden = compute_segments(self, grids, cache, inner, batch.layers, x)
         else:
             g, cell_index = self.grid(batch, cache)
-            x = batch.input_hidden
-            if x is not None:  # the flat tokens' input laid out on the grid
-                if cell_index is not None:
-                    x = x.new_zeros(g.rows * g.width, x.shape[-1]).index_copy_(0, cell_index, x)
+            x = on_cells(batch.input_hidden, cell_index, g.rows * g.width)
+            if x is not None:
                 x = x.view(g.rows, g.width, -1)
             x, hidden = self.compute(g, cache, inner, batch.layers, x)
         for slot, count in zip(batch.slots, batch.num_tokens):

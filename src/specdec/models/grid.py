@@ -28,6 +28,21 @@ def wide_bucket(n: int) -> int:
     return power * 3 // 4 if power * 3 // 4 >= n else power
 
 
+def padded_width(n: int) -> int:
+    """The tokens per row a CPU chain grid computes for a longest row of ``n`` tokens: ``n`` up to
+    :data:`WIDE_TOKENS`, else :func:`wide_bucket`."""
+    return n if n <= WIDE_TOKENS else wide_bucket(n)
+
+
+def on_cells(flat: torch.Tensor | None, cell_index: torch.Tensor | None, cells: int) -> torch.Tensor | None:
+    """Per-token inputs ``[N, H]`` laid out on a layout's ``cells`` grid cells, ``[cells, H]`` (padding cells zero),
+    ``cell_index`` ``[N]`` each token's cell; ``flat`` itself where the cells are the tokens (``cell_index``
+    None), None for None."""
+    if flat is None or cell_index is None:
+        return flat
+    return flat.new_zeros(cells, flat.shape[-1]).index_copy_(0, cell_index, flat)
+
+
 @dataclass
 class Grid:
     """The padded ``[R, T]`` grid one forward computes, as device tensors, over a

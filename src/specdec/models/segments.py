@@ -15,18 +15,19 @@ cached tokens; medians, two runs: ``docs/lab-notes/2026-11-28-fused-prefill.md``
 16-token chunk took 32-35 ms as segments, 39-49 ms apart and 40-42 ms as one padded grid (the row alone: 14-19
 ms); 16 rows and a 64-token chunk took 86-94 ms as segments, 99-119 ms apart and 436-466 ms as one grid. The
 EAGLE layer's catch-up in a 64-stream server fed 1,234 tokens of 47 rows (10-104 tokens each) as a 50 x 128
-grid, 6,400 cells: 0.57-0.72 s, where its segments take about a fifth of the cells
+grid, 6,400 cells: 0.57-0.72 s, where its segments take 1,495 cells
 (``docs/lab-notes/2026-11-28-ragged.md``).
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.models.base import ForwardBatch, to_device
-from specdec.models.grid import WIDE_TOKENS, Grid, attention_view, storage_rows, wide_bucket
+from specdec.models.grid import Grid, attention_view, padded_width, storage_rows, wide_bucket
 from specdec.models.kv_pool import PagedKVPool
 from specdec.models.layers import attend, routed_experts
 
@@ -50,22 +51,19 @@ def segments(batch: ForwardBatch) -> list[list[int]] | None:
 
 
 def width_groups(counts: list[int], rows: list[int]) -> list[list[int]]:
-    """``rows`` (indices into ``counts``, each row's tokens) grouped by the width a CPU grid pads them to: rows of
-    at most :data:`~.grid.WIDE_TOKENS` tokens together, longer ones by :func:`~.grid.wide_bucket`; a single group
-    where splitting saves at most :data:`SEGMENT_CELLS` cells per extra group."""
+    """``rows`` (indices into ``counts``, each row's tokens) grouped by the width a CPU grid pads them to
+    (:func:`~.grid.wide_bucket`: rows of at most :data:`~.grid.WIDE_TOKENS` tokens together); a single group where
+    splitting saves at most :data:`SEGMENT_CELLS` cells per extra group."""
     if len(rows) < 2:
         return [rows]
     groups: dict[int, list[int]] = {}
     for b in rows:
-        groups.setdefault(0 if counts[b] <= WIDE_TOKENS else wide_bucket(counts[b]), []).append(b)
+        groups.setdefault(wide_bucket(counts[b]), []).append(b)
 
-    def cells(width: int, group: list[int]) -> int:
-        return len(group) * (width or max(counts[b] for b in group))
+    def cells(group: list[int]) -> int:
+        return len(group) * padded_width(max(counts[b] for b in group))
 
-    widest = max(counts[b] for b in rows)
-    whole = cells(wide_bucket(widest) if widest > WIDE_TOKENS else 0, rows)
-    split = sum(cells(width, group) for width, group in groups.items())
-    if whole - split <= SEGMENT_CELLS * (len(groups) - 1):
+    if cells(rows) - sum(cells(group) for group in groups.values()) <= SEGMENT_CELLS * (len(groups) - 1):
         return [rows]
     return [groups[width] for width in sorted(groups)]
 
@@ -75,10 +73,7 @@ def sub_batch(batch: ForwardBatch, rows: list[int]) -> tuple[ForwardBatch, list[
     and the batch's flat token index of each of its tokens."""
     cu = batch.cu_seqlens
     flat = [t for b in rows for t in range(cu[b], cu[b + 1])]
-    counts = [cu[b + 1] - cu[b] for b in rows]
-    offsets = [0]
-    for count in counts:
-        offsets.append(offsets[-1] + count)
+    offsets = list(accumulate((cu[b + 1] - cu[b] for b in rows), initial=0))
     slots = [batch.slots[b] for b in rows]
     if rows == list(range(rows[0], rows[-1] + 1)):
         first, last = cu[rows[0]], cu[rows[-1] + 1]
