@@ -7,12 +7,12 @@
 #   costs   forward costs and plain decoding against the bandwidth limit, random 1b and 8b shapes, each forward
 #           mode (scripts/gpu_forward_costs.py)
 #   spec    the embedded pair inflated to $SHAPE (default 8b; same logits, real cost): every GPU-relevant method at
-#           k 2/4/8/auto, batch 1
+#           k 2/4/8/auto, batch 1, and eagle's EAGLE-2 tree (SPEC_CONFIG, a --method-config; empty: none)
 #   sweep   the inflated pair, batch 1-64 with auto k
 #   peers   transformers' generate and assisted generation on the inflated pair
 #
 # Each stage is bounded by STAGE_TIMEOUT seconds (default 900) so that one stuck stage leaves the others' results.
-# Smaller runs: PROMPTS, TOKENS, CHECK_METHODS, COSTS_SHAPES, SPEC_METHODS, SPEC_K, SWEEP_BATCHES, SWEEP_PROMPTS
+# Smaller runs: PROMPTS, TOKENS, CHECK_METHODS, COSTS_SHAPES, SPEC_METHODS, SPEC_K, SPEC_CONFIG, SWEEP_BATCHES, SWEEP_PROMPTS
 # (see below for the defaults). SPECDEC_SRC: the sources to run (default ./src; another checkout's src for a
 # before/after comparison on the same machine).
 # Reports go to $OUT (default gpu-results): a log per stage and each bench's bench.md and bench.json. The inflated
@@ -31,6 +31,8 @@ COSTS_MODES=${COSTS_MODES:-eager graphs graphs+fused}
 SHAPE=${SHAPE:-8b}
 SPEC_METHODS=${SPEC_METHODS:-plain,draft_model,eagle,medusa,ngram,suffix}
 SPEC_K=${SPEC_K:-2 4 8 auto}
+TREE='eagle_tree={"method": "eagle", "num_candidates": 2}'
+SPEC_CONFIG=${SPEC_CONFIG-$TREE}  # one --method-config NAME=JSON; empty: none
 SWEEP_BATCHES=${SWEEP_BATCHES:-1 4 16 64}
 SWEEP_PROMPTS=${SWEEP_PROMPTS:-64}
 S="python3 -m specdec.cli"
@@ -52,7 +54,8 @@ stage() {
         costs) timeout "$LIMIT" python3 scripts/gpu_forward_costs.py --shapes $COSTS_SHAPES --modes $COSTS_MODES \
                    --tokens 256 2>&1 \
                    | tee "$OUT/costs.log" ;;
-        spec) bench spec --shape $SHAPE --methods "$SPEC_METHODS" --num-speculative-tokens $SPEC_K --batch-size 1 ;;
+        spec) bench spec --shape $SHAPE --methods "$SPEC_METHODS" --num-speculative-tokens $SPEC_K --batch-size 1 \
+                  ${SPEC_CONFIG:+--method-config "$SPEC_CONFIG"} ;;
         sweep) bench sweep --shape $SHAPE --methods plain,draft_model,eagle --num-speculative-tokens auto \
                    --batch-size $SWEEP_BATCHES --num-prompts "$SWEEP_PROMPTS" ;;
         peers) bench peers --shape $SHAPE --methods plain,draft_model,hf,hf_assisted --num-speculative-tokens 4 \
