@@ -121,6 +121,37 @@ def test_chunk_sizes_follow_the_budget(model_dirs):
     assert budget - 3 >= MIN_PREFILL_CHUNK
 
 
+class _Granting:
+    """A pacer that grants every prompt token the scheduler's cap allows."""
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def budget(self, cap: int, running: bool) -> int:
+        return cap
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_drafts_count_against_a_token_budget_not_a_paced_one(model_dirs, paced):
+    """A budget of tokens (given, or on a GPU) holds the decoding rows' drafts too, as in vLLM, so a prompt
+    gets what the rows and their drafts leave. A paced budget (a server on a CPU) prices the drafting step's
+    time instead: the drafts take nothing from the prompt, which gets what it would beside plain decoding."""
+    path = str(model_dirs["llama"]["target"])
+    llm = LLM(path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": 3},
+              dtype="float64", max_num_seqs=4, max_num_batched_tokens=60)
+    if paced:
+        llm.scheduler.pacer = _Granting()
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    for i in range(3):
+        llm.submit({"prompt_token_ids": [3 + i, 4, 5]}, params)
+    for _ in range(2):
+        llm.step()
+    assert len(llm.scheduler.running) == 3 and llm.scheduler._last_drafted == 9  # the draft is the target
+    long = llm.submit({"prompt_token_ids": list(range(1, 91))}, params)
+    llm.step()
+    assert llm.engine.cache.lengths[long.seq.slot] == (60 - 3 if paced else 60 - 3 - 9)
+
+
 def test_abort_while_prefilling_frees_the_slot(model_dirs):
     llm = LLM(model_dirs["llama"]["target"], speculative_config={"method": "suffix", "num_speculative_tokens": 3},
               dtype="float64", max_num_seqs=2, max_num_batched_tokens=4)

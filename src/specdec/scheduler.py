@@ -15,7 +15,8 @@ gives the decoding rows their tokens first (one per row plus the drafts the prev
 the estimate of this step's); what is left of the token budget goes to the prompts being fed,
 oldest first, at least :data:`MIN_PREFILL_CHUNK` tokens per step so that a prompt is never starved
 by a saturated batch. In a server at the CPU's default budget the prompts' share is also paced by measured
-time, so that the prompt tokens add at most half a decoding step (:mod:`specdec.prefill_pacer`). Where the
+time, so that the prompt tokens add at most half a decoding step (:mod:`specdec.prefill_pacer`), and the
+drafts leave the prompts' share alone (the pacer prices the drafting step's time). Where the
 backend fuses them (``fuses_prefill``: the fast backend on a CPU) the chunks are fed in the decoding step's
 own forward (:meth:`~specdec.engine.Engine.step_feeding`), and a sequence whose prompt is then cached (but
 its pending token) joins the next step; else they are fed in forwards of their own first, and it joins the
@@ -183,7 +184,11 @@ class Scheduler:
         """Context tokens each sequence in ``prefilling`` gets this step (None: all it has left)."""
         if self.max_num_batched_tokens is None:
             return None
-        decoding = len(self.running) + (self._last_drafted if self.running else 0)
+        # The decoding rows come first, and their drafts count against a budget of tokens (vLLM's meaning of
+        # the budget). Not where the pacer budgets time: there a step's drafting already raises the decoding
+        # step it prices, and counting the drafts again took prompt tokens out of every drafting step.
+        drafts = self._last_drafted if self.running and self.pacer is None else 0
+        decoding = len(self.running) + drafts
         budget = max(self.max_num_batched_tokens - decoding, min(MIN_PREFILL_CHUNK, self.max_num_batched_tokens))
         if self.pacer is not None:
             budget = self.pacer.budget(budget, running=bool(self.running))
