@@ -464,7 +464,7 @@ def test_sampling_exactness(pair, monkeypatch, config, lengths):
     target, root = pair
     monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: CostModel(1.0, 0.02, 0.25))
     llm = LLM(root / "target", speculative_config={"method": "draft_model", "model": str(root / "draft"), **config},
-              dtype="float64", max_num_seqs=16)
+              dtype="float64", max_num_seqs=32)
     drafted: list[int] = []
     step = llm.engine.step
 

@@ -83,7 +83,7 @@ def small_dir(pair, tmp_path_factory):  # noqa: F811  (pair: the fixture)
     return path
 
 
-CALLS = 120  # generate calls of 16 requests per test: 360 samples per setting (the wrong q below fails at this size)
+CALLS = 60  # generate calls of 32 requests per test: 360 samples per setting (the wrong q below fails at this size)
 
 
 def test_sampling_matches_target(pair, small_dir, monkeypatch):  # noqa: F811  (pair: the fixture)
@@ -91,7 +91,7 @@ def test_sampling_matches_target(pair, small_dir, monkeypatch):  # noqa: F811  (
     monkeypatch.setattr(test_sampling_exactness, "CALLS", CALLS)
     target, root = pair
     llm = LLM(root / "target", speculative_config=cascade(small_dir, root / "draft", 2, inner_k=1),
-              dtype="float64", max_num_seqs=16)
+              dtype="float64", max_num_seqs=32)
     assert_matches_target(target, llm, PROMPT, "cascade")
     batch = llm.batch_metrics
     assert 0 < batch.inner_accepted_tokens < batch.inner_draft_tokens
@@ -111,7 +111,7 @@ def test_the_small_models_q_at_the_outer_stage_is_caught(pair, small_dir, monkey
 
     monkeypatch.setattr(specdec.drafters.cascade, "verify_sampled", small_q)
     llm = LLM(root / "target", speculative_config=cascade(small_dir, root / "draft", 2, inner_k=1),
-              dtype="float64", max_num_seqs=16)
+              dtype="float64", max_num_seqs=32)
     results = pvalues(target, llm, PROMPT, (3,))
     for settings, pvalue in zip(SETTINGS, results):
         assert pvalue < 1e-6, f"{settings}: a wrong outer q went unnoticed (p={pvalue:.2e})"

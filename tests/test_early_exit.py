@@ -99,7 +99,7 @@ def test_early_exit_sampling_matches_target(tmp_path):
     target.save_pretrained(tmp_path / "target")
     make_adapter(target, tmp_path / "ee", 1, seed=4, scale=3.0)
     spec = {"method": "layer_skip", "model": str(tmp_path / "ee"), "num_speculative_tokens": 2}
-    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
     assert_matches_target(target, llm, PROMPT, "early-exit")
 
 

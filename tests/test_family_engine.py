@@ -90,7 +90,7 @@ def gemma_pair(tmp_path_factory):
 def test_gemma2_sampling_matches_target(gemma_pair):
     target, root = gemma_pair
     spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
     assert isinstance(llm.target, FastLlamaLM)
     assert_matches_target(target, llm, PROMPT, "gemma2 speculative", (3, 2))
 

@@ -266,7 +266,7 @@ def test_published_heads_batched_greedy_matches_transformers(model_dirs, llama, 
     spec = {"method": method, "model": str(tmp_path / method), "num_speculative_tokens": 4 * candidates,
             "num_candidates": candidates}
     llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend=backend,
-              max_num_seqs=16)
+              max_num_seqs=32)
     check_outputs(run_batch(llm), references)
     assert llm.batch_metrics.num_draft_tokens > 50
     assert not llm.engine.drafter.features, "features of finished sequences must be released"
@@ -290,7 +290,7 @@ def test_published_heads_sampling_matches_target(sharp_three_layers, method):
     else:
         make_medusa(target, root / method, seed=10, layout="vllm", num_heads=2, scale=3.0)
     spec = {"method": method, "model": str(root / method), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
     assert_matches_target(target, llm, PROMPT, f"published {method}")
 
 

@@ -173,7 +173,7 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def sampled_pvalues(models, spec: dict, prompt: str) -> tuple[list[float], LLM]:
     target, tokenizer, target_dir, _ = models
-    llm = LLM(target_dir, dtype="float64", max_num_seqs=16, speculative_config=spec)
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=32, speculative_config=spec)
     prompt_ids = tokenizer(prompt)["input_ids"]
     constraint = StructuredOutputsParams(regex=REGEX)
     vocab = target.config.vocab_size

@@ -92,5 +92,5 @@ def test_suffix_tree_sampling_matches_target(pair):  # noqa: F811
     earlier (sampled) requests add to the shared cache, in mixed batches: the chi-square test."""
     target, root = pair
     spec = {"method": "suffix", "num_speculative_tokens": 2, "num_candidates": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
     assert_matches_target(target, llm, TREE_PROMPT, "suffix tree")

@@ -137,7 +137,7 @@ TREE_PROMPT = [3, 1, 4, 3, 5, 1, 4, 2, 9, 1, 4]  # [1, 4] was followed by 3 5 an
 def test_ngram_tree_sampling_matches_target(pair):  # noqa: F811
     target, root = pair
     spec = {"method": "ngram", "num_speculative_tokens": 2, "num_candidates": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=16)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
     assert_matches_target(target, llm, TREE_PROMPT, "tree")
 
 
