@@ -5,6 +5,7 @@ the settings are checked."""
 
 import pytest
 from test_heads import make_heads
+from test_prefill_pacer import _Fixed
 
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecDecError
@@ -121,16 +122,6 @@ def test_chunk_sizes_follow_the_budget(model_dirs):
     assert budget - 3 >= MIN_PREFILL_CHUNK
 
 
-class _Granting:
-    """A pacer that grants every prompt token the scheduler's cap allows."""
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def budget(self, cap: int, running: bool) -> int:
-        return cap
-
-
 @pytest.mark.parametrize("paced", [False, True])
 def test_drafts_count_against_a_token_budget_not_a_paced_one(model_dirs, paced):
     """A budget of tokens (given, or on a GPU) holds the decoding rows' drafts too, as in vLLM, so a prompt
@@ -140,7 +131,7 @@ def test_drafts_count_against_a_token_budget_not_a_paced_one(model_dirs, paced):
     llm = LLM(path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": 3},
               dtype="float64", max_num_seqs=4, max_num_batched_tokens=60)
     if paced:
-        llm.scheduler.pacer = _Granting()
+        llm.scheduler.pacer = _Fixed(60)  # grants every prompt token the cap allows
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     for i in range(3):
         llm.submit({"prompt_token_ids": [3 + i, 4, 5]}, params)

@@ -2,8 +2,8 @@
 parameters inside one batch.
 
 Every ``generate`` call holds 32 requests: four sampled settings (different temperature,
-top-k, top-p and min-p), six requests of each, plus eight greedy rows (a tiny model's step costs
-about the same for 16 rows as for 32, so the larger batch halves the steps a test takes). For each setting the
+top-k, top-p and min-p), six requests of each, plus eight greedy rows (the larger batch halves the steps
+a test takes; a tiny model's step costs little more for 32 rows than for 16). For each setting the
 exact joint distribution of the first two generated tokens is enumerated from the target,
 and 2000 seeded samples are compared to it with a chi-square test; the greedy rows must give
 the greedy tokens every time. A deliberately broken verifier (the recovered token drawn
