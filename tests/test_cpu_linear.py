@@ -1,21 +1,25 @@
-"""Prepacked bfloat16 weights on a CPU (``specdec.models.cpu_linear``): the fast backend packs its
-decoder layers' weights in bfloat16 only, every layer product then runs on the packed weights, and the
-logits and greedy tokens are the plain weights' (within bfloat16 rounding); the shared embeddings and
-output head stay plain tensors for the head drafters, draft vocabularies and row subsets that read them."""
+"""Prepacked weights on a CPU (``specdec.models.cpu_linear``): the fast backend packs its decoder layers'
+weights in float32 and (where oneDNN supports it) bfloat16, every layer product then runs on the packed
+weights, and the logits and greedy tokens are the plain weights' (within the dtype's rounding); the shared
+embeddings and output head stay plain tensors for the head drafters, draft vocabularies and row subsets
+that read them, and the output head's own product reads a packed copy of it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import build_model
 
-from specdec.models import layers
+from specdec.models import cpu_linear, layers
 from specdec.models.base import ForwardBatch
 from specdec.models.cpu_linear import is_packed, linear, pack, packs
 from specdec.models.fast_llama import FastLlamaLM
 from specdec.models.loader import load_causal_lm
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not packs(CPU, torch.bfloat16), reason="this CPU's oneDNN has no bfloat16")
+PACKED = [pytest.param(torch.float32, id="float32"),
+          pytest.param(torch.bfloat16, id="bfloat16", marks=pytest.mark.skipif(
+              not packs(CPU, torch.bfloat16), reason="this CPU's oneDNN has no bfloat16"))]
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # the dtype's rounding of a product's output
 
 
 def _layer_weights(lm: FastLlamaLM) -> list[torch.Tensor]:
@@ -25,51 +29,60 @@ def _layer_weights(lm: FastLlamaLM) -> list[torch.Tensor]:
                                                  layer.output[6])]
 
 
+@pytest.mark.parametrize("dtype", PACKED)
 @pytest.mark.parametrize("rows", [1, 2, 5, 17, 64])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_packed_product_is_the_plain_product(rows, bias):
+def test_a_packed_product_is_the_plain_product(rows, bias, dtype):
     torch.manual_seed(rows)
-    weight = (torch.randn(96, 64) * 0.1).bfloat16()
-    b = torch.randn(96).bfloat16() if bias else None
-    x = torch.randn(rows, 64).bfloat16()
+    weight = (torch.randn(96, 64) * 0.1).to(dtype)
+    b = torch.randn(96).to(dtype) if bias else None
+    x = torch.randn(rows, 64).to(dtype)
     packed = pack(weight)
-    assert is_packed(packed) and packed.shape == weight.shape and packed.dtype == torch.bfloat16
+    assert is_packed(packed) and packed.shape == weight.shape and packed.dtype == dtype
     exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
     out = linear(x, packed, b)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
-    torch.testing.assert_close(out.double(), exact, atol=2e-2, rtol=1e-2)  # bfloat16 rounding of the output
+    assert out.dtype == dtype and out.shape == (rows, 96)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), exact, atol=tolerance, rtol=tolerance)
     # [R, T, in] inputs and a non-contiguous one (a transposed attention output) give the same rows.
-    wide = torch.randn(2, rows, 128).bfloat16()[..., ::2]
+    wide = torch.randn(2, rows, 128).to(dtype)[..., ::2]
     torch.testing.assert_close(linear(wide, packed, b), linear(wide.contiguous().view(-1, 64), packed, b).view(
         2, rows, 96), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_other_dtypes_stay_plain(dtype):
     weight = torch.randn(8, 4, dtype=dtype)
     assert not packs(CPU, dtype)
     assert pack(weight) is weight
     lm = load_causal_lm(build_model("llama", seed=1), dtype=dtype, device=CPU, backend="fast")
-    assert not any(is_packed(w) for w in _layer_weights(lm))
+    assert not any(is_packed(w) for w in _layer_weights(lm)) and lm.packed_head is None
 
 
-def test_bfloat16_layers_are_packed_and_shared_weights_are_not():
-    lm = load_causal_lm(build_model("llama", seed=1), dtype=torch.bfloat16, device=CPU, backend="fast")
+@pytest.mark.parametrize("dtype", PACKED)
+def test_layers_are_packed_and_shared_weights_are_not(monkeypatch, dtype):
+    lm = load_causal_lm(build_model("llama", seed=1), dtype=dtype, device=CPU, backend="fast")
     assert all(is_packed(w) for w in _layer_weights(lm))
     for shared in (lm.embed, lm.lm_head):  # read by heads, draft vocabularies, row subsets: plain tensors
         assert not is_packed(shared) and shared.is_contiguous()
-    plain = FastLlamaLM(build_model("llama", seed=1).to(torch.bfloat16), "plain", pack_weights=False)
-    assert not any(is_packed(w) for w in _layer_weights(plain))
+    assert is_packed(lm.packed_head) and lm.packed_head.shape == lm.lm_head.shape  # the head's own copy
+    plain = FastLlamaLM(build_model("llama", seed=1).to(dtype), "plain", pack_weights=False)
+    assert not any(is_packed(w) for w in _layer_weights(plain)) and plain.packed_head is None
+    # A head larger than COPY_BYTES is not copied: the model keeps one head.
+    monkeypatch.setattr(cpu_linear, "COPY_BYTES", lm.lm_head.numel() * lm.lm_head.element_size() - 1)
+    assert FastLlamaLM(build_model("llama", seed=1).to(dtype), "large head").packed_head is None
 
 
-def _pair(arch: str, seed: int, scale: float = 1.0) -> tuple[FastLlamaLM, FastLlamaLM]:
-    model = build_model(arch, seed=seed, scale=scale).to(torch.bfloat16)
+def _pair(arch: str, seed: int, dtype: torch.dtype, scale: float = 1.0) -> tuple[FastLlamaLM, FastLlamaLM]:
+    model = build_model(arch, seed=seed, scale=scale).to(dtype)
     return FastLlamaLM(model, "packed"), FastLlamaLM(model, "plain", pack_weights=False)
 
 
+@pytest.mark.parametrize("dtype", PACKED)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biased q/k/v projections
-def test_packed_forwards_give_the_plain_logits(monkeypatch, arch):
-    packed, plain = _pair(arch, seed=5)
+def test_packed_forwards_give_the_plain_logits(monkeypatch, arch, dtype):
+    packed, plain = _pair(arch, seed=5, dtype=dtype)
+    tolerance = TOLERANCE[dtype]
     seen = []
 
     def spy(x, weight, bias=None):
@@ -89,17 +102,18 @@ def test_packed_forwards_give_the_plain_logits(monkeypatch, arch):
         seen.clear()
         logits = {lm: lm.forward(batch, caches[lm]).logits for lm in (packed, plain)}
         assert seen == [True] * 4 * packed.num_layers + [False] * 4 * plain.num_layers
-        torch.testing.assert_close(logits[packed], logits[plain], atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(logits[packed], logits[plain], atol=tolerance, rtol=tolerance)
     # Layer subsets and a subset of the output head's rows (self-speculation, draft vocabularies).
     rows = plain.lm_head[:40]
     subset = {lm: lm.forward(ForwardBatch(torch.tensor([3]), torch.tensor([11]), [0], [0, 1], layers=(0,),
                                           output_head=rows), caches[lm]).logits for lm in (packed, plain)}
     assert subset[packed].shape == (1, 40)
-    torch.testing.assert_close(subset[packed], subset[plain], atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(subset[packed], subset[plain], atol=tolerance, rtol=tolerance)
 
 
-def test_packed_greedy_tokens_are_the_plain_ones():
-    packed, plain = _pair("llama", seed=7)
+@pytest.mark.parametrize("dtype", PACKED)
+def test_packed_greedy_tokens_are_the_plain_ones(dtype):
+    packed, plain = _pair("llama", seed=7, dtype=dtype)
     outputs = []
     for lm in (packed, plain):
         cache = lm.new_cache(2, 96)

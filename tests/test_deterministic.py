@@ -41,8 +41,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 # ---------------------------------------------------------------- kernels
 def test_products_are_row_invariant_and_default_ones_are_not():
-    """A row of a product (reduced width 1536: past oneDNN's single block; bfloat16 plain and packed,
-    float32) alone and in batches of 2..24 rows at any place: identical bits with :func:`rows_linear`;
+    """A row of a product (reduced width 1536: past oneDNN's single block; bfloat16 and float32, plain and
+    packed) alone and in batches of 2..24 rows at any place: identical bits with :func:`rows_linear`;
     not by default (a lone bfloat16 row differs with two threads, float32 rows below four with any)."""
     torch.manual_seed(0)
     weight = (torch.randn(256, 1536) * 0.05).bfloat16()
@@ -51,7 +51,7 @@ def test_products_are_row_invariant_and_default_ones_are_not():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for w in (weight, pack(weight), weight.float()):
+        for w in (weight, pack(weight), weight.float(), pack(weight.float())):
             _count_row_differences(w, rows.to(w.dtype), differ)
     finally:
         torch.set_num_threads(threads)

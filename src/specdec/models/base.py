@@ -284,7 +284,9 @@ class CausalLM(ABC):
     not the tokens fed), ``fuses_prefill`` (a forward whose leading rows decode and whose later rows are
     prompt chunks costs about its tokens, not rows x longest row, and it takes ``hidden_rows``: the
     engine feeds prompt chunks in its decoding step's forward), ``backend_reason`` (why the loader chose
-    this backend, one clause, or None).
+    this backend, one clause, or None), ``packed_head`` (the output head ``[V, H]`` in the form the CPU's
+    products read fastest, :func:`~specdec.models.cpu_linear.packed_copy`, for drafters that score with the
+    target's head; None: use the plain head).
     """
 
     vocab_size: int
@@ -298,6 +300,7 @@ class CausalLM(ABC):
     pads_rows: bool = False
     fuses_prefill: bool = False
     backend_reason: str | None = None
+    packed_head: torch.Tensor | None = None
 
     @abstractmethod
     def new_cache(self, num_slots: int, capacity: int, num_blocks: int | None = None,

@@ -1,19 +1,22 @@
-"""The fast backend's matrix products on a CPU: oneDNN-prepacked bfloat16 weights.
+"""The fast backend's matrix products on a CPU: oneDNN-prepacked float32 and bfloat16 weights.
 
 ``F.linear`` over a plain ``[out, in]`` bfloat16 weight reorders the weight's blocks on every call;
 a weight packed once into oneDNN's own blocked layout (an opaque ``torch._mkldnn`` tensor) is read
 as it lies. On the 2-core AMD EPYC (Zen 4, avx512_bf16, torch 2.13), one row through the 1b shape's
 matrices ran at 16-20 GB/s with ``F.linear`` and 26-33 GB/s packed, 2-5 rows (verification) at
-17-21 against 25-43 GB/s, and 64 rows (compute bound) 1.15-1.2x faster; see
-``docs/cpu-performance.md``. The packed product gives the same values as ``F.linear`` where both run
-the same oneDNN kernel and otherwise differs by bfloat16 rounding of the output.
+17-21 against 25-43 GB/s, and 64 rows (compute bound) 1.15-1.2x faster. In float32, ``F.linear`` (MKL's
+sgemm) on a 2-core AMD EPYC with AVX2 only read one row at 10-12 GB/s and took 2.0-4.3 times as long for
+2-5 rows as for one, where the packed product took 1.0-1.4 times as long: verification cost what k + 1 plain
+steps cost, and auto k turned speculation off. See ``docs/cpu-performance.md``. The packed product gives
+the same values as ``F.linear`` within the dtype's rounding of the output.
 
-:func:`pack` replaces a weight by its packed copy where that pays (:func:`packs`: a CPU, bfloat16,
-oneDNN with bfloat16 support); :func:`linear` runs whichever it is given. Float32 and float64 weights
-and every CUDA weight stay plain (float16 packing needs avx512_fp16 or avx_ne_convert, which this
-CPU lacks). A packed weight has no strides or storage that other code could read: only the fast
-backend's own decoder-layer weights are packed, never a tensor it shares (the embeddings and the
-output head, which head drafters, draft vocabularies and ``output_head`` row subsets read).
+:func:`pack` replaces a weight by its packed copy where that pays (:func:`packs`: a CPU, float32, or
+bfloat16 where oneDNN supports it); :func:`linear` runs whichever it is given. Float64 weights (the exactness
+tests) and every CUDA weight stay plain (float16 packing needs avx512_fp16 or avx_ne_convert, which these
+CPUs lack). A packed weight has no strides or storage that other code could read: only the fast backend's
+own decoder-layer weights are packed, never a tensor it shares (the embeddings and the output head, which
+head drafters, draft vocabularies and ``output_head`` row subsets read); the output head's own product
+reads a second, packed copy where it is small enough (:func:`packed_copy`).
 """
 
 from __future__ import annotations
@@ -21,24 +24,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-PACKED_DTYPES = (torch.bfloat16,)
-"""Model dtypes whose CPU decoder-layer weights are packed."""
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
+"""Model dtypes whose CPU decoder-layer weights are packed (bfloat16 where oneDNN supports it)."""
 
 FEW_ROWS = 4
-"""A packed product over fewer rows than this, reducing over more than :data:`ONE_ROW_WIDTH`, is computed over
+"""A packed bfloat16 product over fewer rows than this, reducing over more than :data:`ONE_ROW_WIDTH`, is computed over
 this many (the extra rows copies of the first). oneDNN takes a one-row kernel for one row there, which read
 the ``1b`` shape's weights slower than its kernel for four rows: plain decoding at ``1b`` ran 11.8 -> 14.2
 tok/s with the rows padded to 4 (10.6 padded to 2; ``docs/lab-notes/2026-11-25.md``). From 2 rows on, every
 row count takes the same kernel (:mod:`.deterministic`), so a padded row has the bits of a verified one."""
 
 ONE_ROW_WIDTH = 1024
-"""The reduced width above which oneDNN's bfloat16 product takes its one-row kernel for one row."""
+"""The reduced width above which oneDNN's bfloat16 product takes its one-row kernel for one row (its float32
+product read one row as fast as two on the AVX2 EPYC, and gave a row the same bits at any row count)."""
+
+COPY_BYTES = 256 * 1024 * 1024
+"""The largest shared weight :func:`packed_copy` keeps a second, packed copy of (the output head of a model
+of up to about 1B parameters in float32; a larger one stays plain rather than take that much memory again)."""
 
 
 def packs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether :func:`pack` packs weights of ``dtype`` on ``device``."""
-    return (device.type == "cpu" and dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if device.type != "cpu" or dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -49,13 +58,22 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
+def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """A packed copy of a shared ``weight`` ``[out, in]`` (the output head, which drafters and draft
+    vocabularies read as a plain tensor) where :func:`packs` says so and the copy takes at most
+    :data:`COPY_BYTES`, else None."""
+    if not packs(weight.device, weight.dtype) or weight.numel() * weight.element_size() > COPY_BYTES:
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x`` ``[..., in]``, ``weight`` ``[out, in]`` plain or packed, ``bias``
-    ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype. A packed product over fewer than
+    ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype. A packed bfloat16 product over fewer than
     :data:`FEW_ROWS` rows of more than :data:`ONE_ROW_WIDTH` is computed over :data:`FEW_ROWS`."""
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
-    if x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
+    if weight.dtype != torch.bfloat16 or x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
         return _packed(x, weight, bias)
     return over_rows(_packed, x, FEW_ROWS, weight, bias)
 

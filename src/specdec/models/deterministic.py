@@ -48,7 +48,7 @@ def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
     and :func:`~.cpu_linear.linear` computes fewer rows than 4 as 4 where one row would take another.
     Returns ``[..., out]``."""
     count = x.numel() // x.shape[-1]
-    if count % ROW_TILE == 0 or args[0].is_mkldnn:
+    if count % ROW_TILE == 0 or (args[0].is_mkldnn and args[0].dtype == torch.bfloat16):
         return fn(x, *args)
     return over_rows(fn, x, count + ROW_TILE - count % ROW_TILE, *args)
 

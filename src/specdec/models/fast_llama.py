@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from specdec.argmax import argmax
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_pool_fits, to_device
-from specdec.models.cpu_linear import pack
+from specdec.models.cpu_linear import linear, pack, packed_copy
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.deterministic import pad_keys, rows_linear
 from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
@@ -213,6 +213,7 @@ class FastLlamaLM(CausalLM):
                             if spec.family.embed_scale else None)
         self.final_norm = _norm_weight(base.norm.weight, self.offset)
         self.lm_head = model.lm_head.weight
+        self.packed_head = packed_copy(self.lm_head) if pack_weights else None  # what head() reads on a CPU
         self.vocab_size = self.lm_head.shape[0]
         # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
         # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
@@ -425,9 +426,9 @@ class FastLlamaLM(CausalLM):
     def head(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final norm and output head: ``[M, H]`` -> logits ``[M, V]`` (``[M, V']`` scored with ``rows``
         ``[V', H]`` of the head instead of all of it), soft-capped where the family caps its logits."""
-        weight = self.lm_head if rows is None else rows
+        weight = rows if rows is not None else self.lm_head if self.packed_head is None else self.packed_head
         x = self.final_hidden(x)
-        logits = rows_linear(F.linear, x, weight) if self.deterministic else F.linear(x, weight)
+        logits = rows_linear(linear, x, weight) if self.deterministic else linear(x, weight)
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

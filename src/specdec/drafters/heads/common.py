@@ -34,6 +34,7 @@ from specdec.drafters.base import Drafter, LoadOptions, SpeculativeConfig
 from specdec.drafters.draft_vocab import DraftVocab, full_logits
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
+from specdec.models.cpu_linear import linear
 from specdec.sequence import Sequence
 
 CONFIG_FILE = "config.json"
@@ -238,8 +239,9 @@ class HeadDrafter(Drafter):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """``features`` ``[..., H]`` scored by the target's head (its draft vocabulary's rows, ``-inf`` for the
         other tokens): ``[..., V]``."""
-        head = self.lm_head if self.vocab is None else self.vocab.head
-        return full_logits(self.vocab, F.linear(features, head))
+        if self.vocab is not None:
+            return full_logits(self.vocab, F.linear(features, self.vocab.head))
+        return linear(features, self.lm_head if self.target.packed_head is None else self.target.packed_head)
 
     @property
     def num_scored(self) -> int:
