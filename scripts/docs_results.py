@@ -211,12 +211,14 @@ def render_readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
         for name, bench, rows in readme_files(files):
             info = bench["info"]
             device = info.get("device name") or f"{info.get('cpu threads')} CPU threads"
-            devices.add(f"{info.get('dtype')}, {device}")
             for r in rows:
                 link = f"(docs/results.md#{anchor(name, row_label(r, bench))})"
                 value = (f"[{_num(r['tokens_per_second'], 1)} tok/s]{link}" if is_plain(r)
                          else f"[{_num(r['speedup'], 2, 'x')}]{link}")
-                cells.setdefault(_method(r), {}).setdefault(_column(r, bench), value)
+                row = cells.setdefault(_method(r), {})
+                if _column(r, bench) not in row:  # a cell of this file: its conditions head the table
+                    row[_column(r, bench)] = value
+                    devices.add(f"{info.get('dtype')}, {device}")
         columns = sorted({c for row in cells.values() for c in row})
         out += [f"**{title}**, {'; '.join(sorted(devices))}:", "",
                 "| method | " + " | ".join(_column_title(c) for c in columns) + " |",
