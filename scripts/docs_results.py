@@ -117,7 +117,8 @@ def _conditions(bench: dict[str, Any]) -> list[str]:
         f"- timing: {_noise(bench)}; the per-prompt median speedup is the steadier figure",
         f"- command: `{info.get('command') or 'not recorded'}`",
         f"- target `{Path(str(info.get('target'))).name}`, draft `{Path(str(info.get('draft'))).name}`, "
-        f"{info.get('dtype')} on {device} ({info.get('cpu threads')} threads of {info.get('cpus')} CPUs), "
+        f"{info.get('dtype')} on {device} ({info.get('cpu threads')} threads of {info.get('cpus')} CPUs"
+        f"{', ' + info['cpu features'] if info.get('cpu features') else ''}), "
         f"backend {info.get('backend')}",
         f"- workload {info.get('workload')}: {info.get('questions')} questions, {settings['max_tokens']} tokens each, "
         f"temperature {settings['temperature']}, batch sizes {settings['batch_sizes']}, seeds {settings['seeds']}, "

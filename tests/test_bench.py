@@ -649,6 +649,8 @@ def test_synthetic_bench_with_the_target_as_its_own_draft(tmp_path):
     report = json.loads((out / "bench.json").read_text())
     assert report["info"]["draft"] == "the target itself" and report["info"]["bandwidth GB/s"] == 1.0
     assert report["info"]["max model len"] == 16 + 6 + 3
+    levels = {"DEFAULT", "AVX2", "AVX512", "NEON", "SVE256", "VSX", "ZVECTOR"}  # torch's CPU capabilities
+    assert report["info"]["cpu features"].split(", ")[0] in levels
     assert all(m["prompt_tokens"] == 16 for m in report["measurements"])
     calibration = report["calibration"]
     assert set(calibration["forward_seconds"]) == {"1", "3"}

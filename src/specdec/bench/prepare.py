@@ -184,6 +184,7 @@ def _environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     import transformers
 
     from specdec import __version__
+    from specdec.models.loader import cpu_features
 
     return {
         "dtype": str(dtype).removeprefix("torch."),
@@ -194,6 +195,7 @@ def _environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "specdec": __version__,
         "cpu threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
+        "cpu features": cpu_features(),
     }
 
 

@@ -45,6 +45,18 @@ def cpu_has_native_bf16() -> bool:
     return bool(probe and probe())
 
 
+def cpu_features() -> str:
+    """The CPU's vector level as torch dispatches to it (``AVX2``, ``AVX512``, ...), with ``avx512_bf16`` and
+    ``amx`` where present: what decides a CPU's dtype under ``"auto"`` and which kernels its products take."""
+    features = [torch.backends.cpu.get_cpu_capability()]
+    if cpu_has_native_bf16():
+        features.append("avx512_bf16")
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if amx is not None and amx():
+        features.append("amx")
+    return ", ".join(features)
+
+
 def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> torch.dtype:
     """``"auto"``: the checkpoint's dtype on an accelerator; on CPU, bfloat16 for a bfloat16
     checkpoint when the CPU computes in bf16 natively, else float32."""
