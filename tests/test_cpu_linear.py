@@ -122,3 +122,13 @@ def test_packed_greedy_tokens_are_the_plain_ones(dtype):
         outputs.append(lm.greedy_chain(torch.tensor([6]), [0], cache, steps=40))  # one row
     assert torch.equal(outputs[0], outputs[2]) and torch.equal(outputs[1], outputs[3])
     assert len(set(outputs[1][0].tolist())) > 3  # a sequence, not one token repeated
+
+
+def test_an_eagle_layer_reads_its_targets_packed_head():
+    """The EAGLE layer scores with the target's head: it reads the target's packed copy, not one of its own."""
+    from specdec import LLM
+    from specdec.assets import default_pair
+
+    llm = LLM(default_pair()[0], speculative_config={"method": "eagle"}, dtype="float32", max_num_seqs=1)
+    target, layer = llm.engine.target, llm.engine.drafter.layer
+    assert is_packed(target.packed_head) and layer.packed_head is target.packed_head

@@ -170,7 +170,8 @@ class FastLlamaLM(CausalLM):
         return self.device.type == "cpu" and not self.deterministic
 
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
-                 pack_weights: bool = True, deterministic: bool = False, fuse_layers: bool = True) -> None:
+                 pack_weights: bool = True, deterministic: bool = False, fuse_layers: bool = True,
+                 packed_head: torch.Tensor | None = None) -> None:
         if deterministic and model.device.type != "cpu":
             raise SpecDecError(
                 f"deterministic mode runs on a CPU only (its batch-invariant kernels are not written for "
@@ -213,7 +214,9 @@ class FastLlamaLM(CausalLM):
                             if spec.family.embed_scale else None)
         self.final_norm = _norm_weight(base.norm.weight, self.offset)
         self.lm_head = model.lm_head.weight
-        self.packed_head = packed_copy(self.lm_head) if pack_weights else None  # what head() reads on a CPU
+        # What head() reads on a CPU: ``packed_head`` where the caller has one for this head (an EAGLE layer
+        # scores with its target's), else a copy of its own.
+        self.packed_head = packed_head if packed_head is not None or not pack_weights else packed_copy(self.lm_head)
         self.vocab_size = self.lm_head.shape[0]
         # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
         # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).

@@ -126,8 +126,11 @@ class EagleDrafter(HeadDrafter):
         if embed is not None:
             self.embed = embed
         if layer is None:
+            head = module.decoder.lm_head.weight  # the target's head: its packed copy serves the layer too
+            shared = head.data_ptr() == self.lm_head.data_ptr() and head.dtype == self.lm_head.dtype
             layer = FastLlamaLM(module.decoder, f"eagle layer of {target.name}",
-                                use_cuda_graphs=getattr(target, "use_cuda_graphs", False))
+                                use_cuda_graphs=getattr(target, "use_cuda_graphs", False),
+                                packed_head=target.packed_head if shared else None)
             self.cache = layer.new_cache(num_slots, capacity, prefix_caching=prefix_caching)
         else:
             self.cache = layer.new_cache(num_slots, capacity)
