@@ -64,7 +64,7 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
     :data:`COPY_BYTES`, else None."""
     if not packs(weight.device, weight.dtype) or weight.numel() * weight.element_size() > COPY_BYTES:
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    return pack(weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,9 +73,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     :data:`FEW_ROWS` rows of more than :data:`ONE_ROW_WIDTH` is computed over :data:`FEW_ROWS`."""
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
-    if weight.dtype != torch.bfloat16 or x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
+    if not pads_few_rows(weight) or x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
         return _packed(x, weight, bias)
     return over_rows(_packed, x, FEW_ROWS, weight, bias)
+
+
+def pads_few_rows(weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` computes a product with ``weight`` over fewer than :data:`FEW_ROWS` rows (reducing
+    over more than :data:`ONE_ROW_WIDTH`) as :data:`FEW_ROWS`: a packed bfloat16 weight, whose products then
+    give a row the same bits at every row count."""
+    return weight.is_mkldnn and weight.dtype == torch.bfloat16
 
 
 def _packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

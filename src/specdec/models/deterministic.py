@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.models.cpu_linear import over_rows
+from specdec.models.cpu_linear import over_rows, pads_few_rows
 
 KEY_BLOCK = 64
 """Keys per block of :func:`attend`; the attended key length is padded to a multiple of it."""
@@ -48,7 +48,7 @@ def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
     and :func:`~.cpu_linear.linear` computes fewer rows than 4 as 4 where one row would take another.
     Returns ``[..., out]``."""
     count = x.numel() // x.shape[-1]
-    if count % ROW_TILE == 0 or (args[0].is_mkldnn and args[0].dtype == torch.bfloat16):
+    if count % ROW_TILE == 0 or pads_few_rows(args[0]):
         return fn(x, *args)
     return over_rows(fn, x, count + ROW_TILE - count % ROW_TILE, *args)
 

@@ -216,7 +216,9 @@ class FastLlamaLM(CausalLM):
         self.lm_head = model.lm_head.weight
         # What head() reads on a CPU: ``packed_head`` where the caller has one for this head (an EAGLE layer
         # scores with its target's), else a copy of its own.
-        self.packed_head = packed_head if packed_head is not None or not pack_weights else packed_copy(self.lm_head)
+        if packed_head is None and pack_weights:
+            packed_head = packed_copy(self.lm_head)
+        self.packed_head = packed_head
         self.vocab_size = self.lm_head.shape[0]
         # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
         # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
