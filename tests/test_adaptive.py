@@ -111,10 +111,18 @@ def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: 
     return tokens / cost.with_drafting(target, width)
 
 
+def worst_step(ks: list[int], cost: CostModel, padded: bool) -> float:
+    """Seconds of a step drafting ``ks`` when every row proposes its whole draft."""
+    rows, width = len(ks), max(ks)
+    return cost.seconds(rows * (width + 1) if padded else rows + sum(ks), width)
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_choose_ks_equals_scoring_every_width_and_count(padded):
     """Against every choice of the best ``m`` positions up to a width scored (each at its own width),
-    with random acceptance, limits and costs (offsets included): the same best rate, and ks that reach it."""
+    with random acceptance, limits and costs (offsets included), and in half the cases a bound on the
+    step's time (``max_step_ratio``: choices whose step, every row proposing, costs more plain steps are
+    left out): the same best rate, and ks that reach it within the bound."""
     rng = random.Random(11)
     for _ in range(300):
         rows, max_k = rng.randint(1, 5), rng.randint(1, 10)
@@ -124,6 +132,7 @@ def test_choose_ks_equals_scoring_every_width_and_count(padded):
         cost = CostModel(1.0, rng.choice([0.0, 0.02, 0.3]), rng.choice([0.0, 0.01, 0.2]), rng.choice([0.0, 0.1]),
                          rng.uniform(0.8, 1.5), offsets)
         proposing = rng.choice([None, [rng.uniform(0.2, 1.0) for _ in range(rows)]])
+        bound = rng.choice([None, rng.uniform(1.0, 2.0)])  # max_step_ratio
         gains = sorted((-math.prod(rates[b][: i + 1]), i + 1, b) for b in range(rows) for i in range(limits[b]))
         best = step_rate(rates, [0] * rows, cost, padded, proposing)
         for w in range(1, max(limits, default=0) + 1):
@@ -132,9 +141,12 @@ def test_choose_ks_equals_scoring_every_width_and_count(padded):
                 ks = [0] * rows
                 for _, _, b in usable[:m]:
                     ks[b] += 1
-                best = max(best, step_rate(rates, ks, cost, padded, proposing))
-        ks, speedup = choose_ks(rates, limits, cost, padded, proposing)
+                if bound is None or worst_step(ks, cost, padded) <= bound * cost.target_seconds(rows):
+                    best = max(best, step_rate(rates, ks, cost, padded, proposing))
+        ks, speedup = choose_ks(rates, limits, cost, padded, proposing, bound)
         assert all(0 <= k <= limit for k, limit in zip(ks, limits))
+        if bound is not None and any(ks):
+            assert worst_step(ks, cost, padded) <= bound * cost.target_seconds(rows) * (1 + 1e-12)
         assert step_rate(rates, ks, cost, padded, proposing) == pytest.approx(best, rel=1e-9)
         assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded, proposing), rel=1e-9)
 
@@ -158,10 +170,10 @@ class FakeSeq:
 
 
 def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: int = 0,
-             max_k: int = MAX_K) -> list[list[int]]:
+             max_k: int = MAX_K, max_step_ratio: float | None = None) -> list[list[int]]:
     """Run :class:`AdaptiveK` against Bernoulli(α) acceptance and a synthetic clock
     ``step_seconds(num_tokens, width) -> (target, draft)``; returns the ks chosen at each step."""
-    policy, rng = AdaptiveK(max_k), random.Random(seed)
+    policy, rng = AdaptiveK(max_k, max_step_ratio=max_step_ratio), random.Random(seed)
     seqs = [FakeSeq(str(b)) for b in range(rows)]
     chosen = []
     for _ in range(steps):
@@ -209,6 +221,23 @@ def test_policy_learns_the_formulas_k_from_measurements():
     chosen = simulate(0.8, lambda n, w: (0.010, 0.001 * w))[100:]
     assert int(np.argmax([formula(0.8, k, 0.1) for k in range(MAX_K + 1)])) == 6
     assert np.mean([4 <= ks[0] <= 8 for ks in chosen]) > 0.85
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_step_time_bound_drafts_the_best_k_within_it(rows):
+    """α = 0.8, a target of 10 ms + 0.1 ms a token fed, drafting 1 ms a position. Unbounded, the policy
+    drafts 4..8 a row (steps of 1.4-1.8 plain steps); with ``max_step_ratio`` 1.3 it drafts 2 a row on
+    nearly every step (1.22 plain steps at one row, 1.27 at four; a third position would cost 1.33 at
+    one row, 1.38 at four) and never more once the cost is measured: the best choice within the bound,
+    as S(k) still climbs at k = 2."""
+    clock = lambda n, w: (0.010 + 0.0001 * n, 0.001 * w)  # noqa: E731
+    free = simulate(0.8, clock, rows=rows)[100:]
+    assert np.mean([min(ks) >= 4 for ks in free]) > 0.85
+    bounded = simulate(0.8, clock, rows=rows, max_step_ratio=1.3)
+    assert max(max(ks) for ks in bounded[10:]) == 2
+    assert np.mean([ks == [2] * rows for ks in bounded[100:]]) > 0.85
+    plain = clock(rows, 0)[0]
+    assert all(sum(clock(rows + sum(ks), max(ks))) <= 1.3 * plain for ks in bounded[10:])
 
 
 def test_policy_charges_a_fixed_drafting_cost_per_step_not_per_position():
@@ -386,9 +415,15 @@ def test_fixed_k_respects_limits():
     {"num_speculative_tokens": "auto", "max_num_speculative_tokens": 65},
     {"num_speculative_tokens": 4, "draft_confidence_threshold": 1.5},
     {"num_speculative_tokens": 4, "draft_confidence_threshold": True},
+    {"num_speculative_tokens": 4, "max_step_time_ratio": 1.1},
+    {"num_speculative_tokens": "auto", "max_step_time_ratio": 0.9},
+    {"num_speculative_tokens": "auto", "max_step_time_ratio": "1.1"},
+    {"num_speculative_tokens": "auto", "max_step_time_ratio": True},
+    {"num_speculative_tokens": "auto", "max_step_time_ratio": float("nan")},
+    {"num_speculative_tokens": "auto", "max_step_time_ratio": float("inf")},
 ])
 def test_bad_auto_config(model_dirs, config):
-    with pytest.raises(SpecDecError, match="num_speculative_tokens|draft_confidence_threshold"):
+    with pytest.raises(SpecDecError, match="num_speculative_tokens|draft_confidence_threshold|max_step_time_ratio"):
         LLM(model_dirs["llama"]["target"], dtype="float64",
             speculative_config={"method": "draft_model", "model": str(model_dirs["llama"]["random"]), **config})
 
@@ -417,7 +452,8 @@ def median_confidence(path) -> float:
     {"method": "draft_model", "draft": "same", "num_speculative_tokens": "auto", "max_num_speculative_tokens": 3},
     {"method": "draft_model", "draft": "truncated", "num_speculative_tokens": 4, "draft_confidence_threshold": None},
     {"method": "ngram", "num_speculative_tokens": "auto"},
-], ids=["auto-truncated", "auto-same-max3", "threshold", "auto-ngram"])
+    {"method": "draft_model", "draft": "truncated", "num_speculative_tokens": "auto", "max_step_time_ratio": 1.5},
+], ids=["auto-truncated", "auto-same-max3", "threshold", "auto-ngram", "auto-bounded"])
 def test_greedy_equality_with_auto_k(model_dirs, arch, backend, spec):
     """Batched greedy output with auto k (real timings, whatever they choose) equals plain greedy output."""
     dirs = model_dirs[arch]

@@ -86,16 +86,27 @@ def test_bench_serve_bad_methods(capsys):
     assert "--methods takes a comma-separated list" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--max-step-time-ratio", "0.5"], "max_step_time_ratio must be a finite number >= 1"),
+    (["--k", "3", "--max-step-time-ratio", "1.1"], "set num_speculative_tokens to 'auto'"),
+])
+def test_bench_serve_checks_the_speculative_config_before_running_plain_decoding(argv, message, capsys):
+    """A bad speculative setting fails at once (exit 2, one line), not after plain decoding's run."""
+    assert main(["bench-serve", "--in-process", "--methods", "plain,eagle", "--workloads", "code", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
 def test_bench_serve_in_process_at_a_shape(tmp_path, capsys):
     """--shape runs the serving benchmark on the embedded pair inflated to that shape, and says so."""
     out = tmp_path / "serve.json"
     code = main(["bench-serve", "--in-process", "--shape", "tiny", "--shape-cache", str(tmp_path / "cache"),
                  "--methods", "plain,draft_model", "--workloads", "code", "--concurrency", "1", "--max-tokens", "4",
-                 "--num-requests", "2", "--json", str(out)])
+                 "--num-requests", "2", "--max-step-time-ratio", "1.2", "--json", str(out)])
     assert code == 0
     assert "shape tiny, the embedded pair inflated" in capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert data["settings"]["shape"] == "tiny"
+    assert data["settings"]["shape"] == "tiny" and data["settings"]["max_step_time_ratio"] == 1.2
     assert {(r["method"], r["workload"]) for r in data["rows"]} == {("plain", "code"), ("draft_model", "code")}
     assert all(r["tokens"] > 0 for r in data["rows"])
 

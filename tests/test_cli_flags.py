@@ -65,6 +65,18 @@ def test_auto_method_gets_default_candidates():
     assert all(c["num_speculative_tokens"] == 8 for c in adaptive["candidates"])
 
 
+@pytest.mark.parametrize("method", ["draft_model", "auto"])
+def test_max_step_time_ratio_flag_reaches_the_config(method):
+    from specdec.drafters.base import SpeculativeConfig
+    from specdec.generate_cli import _speculative_config
+
+    args = _parse("generate", "x", "--k", "auto", "--max-step-time-ratio", "1.1")
+    config = _speculative_config(args, "DRAFT", method)
+    assert config["max_step_time_ratio"] == 1.1
+    assert SpeculativeConfig.from_dict(config).max_step_time_ratio == 1.1
+    assert _speculative_config(_parse("generate", "x", "--k", "auto"), "DRAFT", method)["max_step_time_ratio"] is None
+
+
 def test_auto_method_runs_from_the_flags(text_model_dirs, capsys):
     code = main(["generate", "def f(x):", "--model", str(text_model_dirs["target"]), "--speculative-method", "auto",
                  "--max-tokens", "4", "--dtype", "float64", "--json"])

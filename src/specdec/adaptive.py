@@ -13,8 +13,8 @@ step whatever its width (a draft model's forward over the tokens accepted last s
 until widths differ enough to fit a slope, ``d_0 = 0`` and ``d`` is the mean time per position.
 The policy picks the ``k_b`` maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``,
 plain decoding (every ``k_b = 0``) included: speculation is off for a step whose predicted speedup
-is below 1. At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax of ``S(k) = E(k) / (k c + 1)`` with
-``c = d / t(1)``.
+is below 1 (:mod:`specdec.k_choice`). At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax
+of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
 
 A drafter asked for a draft need not propose one: an n-gram lookup finds no match on about 40% of
 the embedded pair's steps at one row (code and Spec-Bench). A row that proposes nothing emits its one
@@ -93,6 +93,16 @@ shape being explored), is held for the next steps at that row count, one step, t
 ends the hold (a decision below the most may be made on a small margin, and is made again each
 step). The cost model is refitted every ``COST_REFRESH`` timed steps, not every step.
 
+The bound (``max_step_ratio``: ``speculative_config["max_step_time_ratio"]``). A step that rejects every
+draft gives each row one token for the whole step, drafting and verification included, so a stream's
+worst inter-token gaps are the drafting steps' times, not plain decoding's. With a bound, the policy
+chooses only among drafts whose step, every row proposing, is predicted (calibrated as above) to cost at
+most ``max_step_ratio`` plain steps of the same rows, plain decoding included
+(:func:`specdec.k_choice.choose_ks`); a probe while speculation is off drafts one position, not
+``PROBE_DRAFT``, and so does a cold start (the first drafting step, or one after the cost line lost its
+spread: steps of one shape for long), not every row's most. The most tokens per second within a bound on
+the worst gap.
+
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
 need not repeat the same tokens run to run.
@@ -103,6 +113,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
+from specdec.k_choice import choose_ks, predicted_speedup
 from specdec.k_schedule import ScheduledK
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
@@ -144,136 +155,15 @@ class FixedK:
         """A fixed k has no choices to count."""
 
 
-def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False,
-              proposing: list[float] | None = None) -> tuple[list[int], float]:
-    """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
-    plain step of the same rows.
-
-    ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long);
-    ``proposing[b]`` (1 where not given) the probability that row ``b``'s drafter proposes a draft at
-    all when asked (an n-gram lookup finds no match on some steps): a row that proposes nothing emits
-    its one token and, unpadded, feeds only it. So row ``b``'s position ``i`` is worth ``p_b S_bi``
-    tokens (``S_bi``: the probability it is reached and kept) for ``p_b`` tokens fed in expectation.
-    For each width ``w``, the best choice of expected tokens fed takes the positions (of positions
-    ``<= w``) with the largest ``S_bi``, worth the most per token fed; ``S`` falls along a row, so this
-    is a prefix of every row (the cost of a fractional number of tokens fed is interpolated between
-    its neighbours). ``padded``: the target's forward costs ``rows x (w + 1)`` tokens whatever each row
-    drafts (its grid pads rows to the longest, a row without a draft included), so at width ``w``
-    every row drafts up to ``w``.
-    """
-    rows = len(limits)
-    proposing = proposing or [1.0] * rows
-    if rows == 1:  # one row: its width is its count, so the widths are the only choices
-        return _choose_k(rates[0], limits[0], cost, proposing[0])
-    if padded:
-        return _choose_width(rates, limits, cost, proposing)
-    gains = []  # (minus the probability the token is kept if drafted, position, row)
-    for b, limit in enumerate(limits):
-        survive = 1.0
-        for i in range(limit):
-            survive *= rates[b][i]
-            gains.append((-survive, i + 1, b))
-    gains.sort()
-    widest = max(limits, default=0)
-    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]
-    plain = rows / target[0]
-    best, best_w, best_m = plain, 0, 0
-    for w in range(1, widest + 1):
-        tokens, fed, count, drafting = float(rows), 0.0, 0, cost.draft_fixed + cost.draft * w
-        for gain, position, b in gains:
-            if position > w:
-                continue
-            tokens -= gain * proposing[b]
-            fed += proposing[b]
-            count += 1
-            low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
-            seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
-            rate = tokens / ((seconds + drafting) * cost.drafting_scale)
-            if rate > best:
-                best, best_w, best_m = rate, w, count
-    ks = [0] * rows
-    taken = 0
-    for _, position, b in gains:
-        if taken == best_m:
-            break
-        if position <= best_w:
-            ks[b] += 1
-            taken += 1
-    return ks, best / plain
-
-
-def predicted_speedup(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool = False,
-                      proposing: list[float] | None = None) -> float:
-    """The predicted tokens per second of a step drafting ``ks[b]`` tokens on row ``b`` over a plain step
-    of the same rows (1 where nothing is drafted); ``rates``, ``cost``, ``padded`` and ``proposing`` as in
-    :func:`choose_ks`, whose choice this prices (a fractional number of tokens fed is interpolated)."""
-    rows, width = len(ks), max(ks, default=0)
-    if not width:
-        return 1.0
-    proposing = proposing or [1.0] * rows
-    tokens, fed = float(rows), float(rows)
-    for b, k in enumerate(ks):
-        survive = 1.0
-        for i in range(k):
-            survive *= rates[b][i]
-            tokens += proposing[b] * survive
-        fed += proposing[b] * k
-    if padded:
-        fed = float(rows * (width + 1))
-    low = int(fed)
-    target = cost.target_seconds(low)
-    target += (fed - low) * (cost.target_seconds(low + 1) - target)
-    return tokens / cost.with_drafting(target, width) * cost.target_seconds(rows) / rows
-
-
-def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel,
-                  proposing: list[float]) -> tuple[list[int], float]:
-    """:func:`choose_ks` on a padded grid of several rows: a step of width ``w`` costs the same whichever
-    rows draft, so every row drafts up to ``w`` (each position adds tokens for nothing more) and only
-    the width is chosen, in ``O(rows x width)``: width ``w`` adds ``sum_b p_b S_bw`` tokens."""
-    rows, widest = len(limits), max(limits, default=0)
-    added = [0.0] * (widest + 1)  # [w]: expected tokens position w adds over the rows
-    for b, limit in enumerate(limits):
-        survive, p, row = 1.0, proposing[b], rates[b]
-        for i in range(limit):
-            survive *= row[i]
-            added[i + 1] += p * survive
-    target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
-    plain = rows / target[0]
-    best, best_w, tokens = plain, 0, float(rows)
-    for w in range(1, widest + 1):
-        tokens += added[w]
-        rate = tokens / cost.with_drafting(target[w], w)
-        if rate > best:
-            best, best_w = rate, w
-    return [min(best_w, limit) for limit in limits], best / plain
-
-
-def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float = 1.0) -> tuple[list[int], float]:
-    """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft). With probability
-    ``1 - proposing`` the step is plain whatever k is (nothing proposed)."""
-    target = cost.target_curve(1, limit + 1)  # [tokens - 1]
-    plain = 1.0 / target[0]
-    best, best_k, survive, tokens = plain, 0, 1.0, 1.0
-    fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
-    unproposed = (1.0 - proposing) * target[0]  # the expected seconds of the steps that stay plain
-    for k in range(1, limit + 1):
-        survive *= rates[k - 1]
-        tokens += survive * proposing
-        rate = tokens / (proposing * (target[k] + fixed + per_position * k) * scale + unproposed)
-        if rate > best:
-            best, best_k = rate, k
-    return [best_k], best / plain
-
-
 class AdaptiveK:
     """``num_speculative_tokens="auto"``: per row and step, the k the measured model predicts to be
     fastest, at most ``max_k`` (see the module docstring)."""
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
                  cost_decay: float = 0.95, draft_decay: float = 0.9, guard_decay: float = 0.9,
-                 shape_decay: float = 0.9, padded: bool = False) -> None:
+                 shape_decay: float = 0.9, padded: bool = False, max_step_ratio: float | None = None) -> None:
         self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
+        self.max_step_ratio = max_step_ratio  # the most a drafting step may cost, in plain steps (None: any)
         self.pool = Acceptance(max_k, pool_decay, prior_weight=1.0, carry=True)
         self.prior = [PRIOR_ACCEPTANCE] * max_k  # the pool's, before anything was measured
         self.target = LineFit(cost_decay)
@@ -376,8 +266,10 @@ class AdaptiveK:
             self.held -= 1
             return self._count(seqs, limits, limits)
         cost = self._model(len(seqs))
-        if cost is None:  # cold start: measure a drafting step, then a plain one
-            return self._count(seqs, limits, limits if self.draft_cost() is None else [0] * len(limits))
+        probe = [min(PROBE_DRAFT if self.max_step_ratio is None else 1, limit) for limit in limits]
+        if cost is None:  # cold start (or a line gone flat): measure a drafting step, then a plain one
+            first = limits if self.max_step_ratio is None else probe
+            return self._count(seqs, limits, first if self.draft_cost() is None else [0] * len(limits))
         pool = self.pool.rates(self.prior)
         rates = [self._acceptance(s).rates(pool) for s in seqs]
         model, scale = cost, self.drafting_scale(len(seqs))
@@ -385,9 +277,8 @@ class AdaptiveK:
             cost = replace(cost, drafting_scale=scale)
         pooled = self.pool_proposals.rate(1.0)
         proposing = [self._proposing(s).rate(pooled) for s in seqs]
-        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing)
+        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing, self.max_step_ratio)
         far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
-        probe = [min(PROBE_DRAFT, limit) for limit in limits]
         below = not any(ks) and predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
         if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
@@ -487,10 +378,14 @@ class AdaptiveK:
 
 
 def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False,
-                schedule: tuple[tuple[int, int], ...] | None = None) -> FixedK | AdaptiveK | ScheduledK:
+                schedule: tuple[tuple[int, int], ...] | None = None,
+                max_step_ratio: float | None = None) -> FixedK | AdaptiveK | ScheduledK:
     """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``; ``padded``:
-    the target's forward pads every row to the longest, see :class:`AdaptiveK`) or a fixed k; a
+    the target's forward pads every row to the longest; ``max_step_ratio``: the bound on a drafting step's
+    predicted cost in plain steps; see :class:`AdaptiveK`) or a fixed k; a
     ``num_speculative_tokens_per_batch_size`` ``schedule`` (:mod:`specdec.k_schedule`) overrides both."""
     if schedule is not None:
         return ScheduledK(schedule)
-    return AdaptiveK(max_k, padded=padded) if num_speculative_tokens == AUTO else FixedK(max_k)
+    if num_speculative_tokens == AUTO:
+        return AdaptiveK(max_k, padded=padded, max_step_ratio=max_step_ratio)
+    return FixedK(max_k)

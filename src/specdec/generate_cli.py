@@ -117,6 +117,9 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
                    "acceptance and cost (default 4)")
     p.add_argument("--max-num-speculative-tokens", type=int, default=8,
                    help="with --num-speculative-tokens auto, the largest k (default 8)")
+    p.add_argument("--max-step-time-ratio", type=float, default=None, metavar="RATIO",
+                   help="with --num-speculative-tokens auto, draft only as much as keeps a step's predicted time "
+                   "within RATIO plain steps (e.g. 1.1): a bound on the longest inter-token gap (default: none)")
     p.add_argument("--draft-confidence-threshold", type=float, default=None,
                    help="draft_model: stop a row's draft before a token whose top draft probability is below this")
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
@@ -275,10 +278,12 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
                        **({"model": draft, "draft_confidence_threshold": args.draft_confidence_threshold}
                           if name == DEFAULT_WITH_DRAFT else {})} for name in names]
         return {"method": method, "num_speculative_tokens": k, "candidates": candidates,
-                "max_num_speculative_tokens": args.max_num_speculative_tokens}
+                "max_num_speculative_tokens": args.max_num_speculative_tokens,
+                "max_step_time_ratio": args.max_step_time_ratio}
     return {"method": method, "num_speculative_tokens": k, "model": draft, **fields,
             "max_num_speculative_tokens": args.max_num_speculative_tokens,
-            "draft_confidence_threshold": args.draft_confidence_threshold}
+            "draft_confidence_threshold": args.draft_confidence_threshold,
+            "max_step_time_ratio": args.max_step_time_ratio}
 
 
 def checked_config(spec: dict[str, Any] | None) -> dict[str, Any] | None:

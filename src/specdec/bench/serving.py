@@ -167,11 +167,14 @@ def decisions(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             "accepted_tokens": after["num_accepted_tokens"] - before["num_accepted_tokens"]}
 
 
-def speculative_config(method: str, k: int | str, draft: str) -> dict[str, Any] | None:
+def speculative_config(method: str, k: int | str, draft: str, max_step_time_ratio: float | None = None
+                       ) -> dict[str, Any] | None:
     """The speculative_config of a benchmarked method on the embedded pair (eagle: its shipped heads)."""
     if method == "plain":
         return None
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if max_step_time_ratio is not None:
+        config["max_step_time_ratio"] = max_step_time_ratio
     if method == "draft_model":
         config["model"] = draft
     return config
@@ -199,7 +202,7 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready)."""
     from specdec import LLM, SamplingParams
 
-    llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft)),
+    llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft), args.max_step_time_ratio),
               max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
               enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
               serving=True)
@@ -308,6 +311,8 @@ def run_in_process(args) -> int:
     """``specdec bench-serve --in-process``: every method in turn (one ``LLM`` at a time), then the table."""
     from transformers.utils import logging as hf_logging
 
+    from specdec.generate_cli import checked_config
+
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -322,6 +327,8 @@ def run_in_process(args) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
     args.workloads = workloads_named
+    for method in methods:  # a bad --k or --max-step-time-ratio fails now, not after plain decoding's run
+        checked_config(speculative_config(method, args.k, "draft", args.max_step_time_ratio))
     target, draft = pair_folders(args)
     workloads, rows = None, []
     for method in methods:

@@ -8,6 +8,7 @@ all derive their choices from :data:`DRAFTERS` (the one list of methods).
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
@@ -67,6 +68,10 @@ class SpeculativeConfig:
     ``num_speculative_tokens_per_batch_size``: vLLM-style k by the step's number of rows, such as
     ``{1: 4, 8: 2, 32: 0}``, each k at most a fixed ``num_speculative_tokens`` (:mod:`specdec.k_schedule`):
     it overrides the policy, stored as ``(batch size, k)`` pairs.
+    ``max_step_time_ratio``: with ``num_speculative_tokens="auto"``, a step drafts only as much as keeps its
+    predicted time (calibrated by measurement) within this many plain steps of the same rows, such as 1.1:
+    a bound on the longest inter-token gap speculation adds, at the cost of shorter drafts (None: no bound;
+    :mod:`specdec.adaptive`).
     """
 
     method: str
@@ -90,6 +95,7 @@ class SpeculativeConfig:
     lookahead_guesses: int = 2
     draft_vocab_size: int | None = None
     num_speculative_tokens_per_batch_size: Any = None
+    max_step_time_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in DRAFTERS:
@@ -110,6 +116,14 @@ class SpeculativeConfig:
                                    "is the most a row drafts)")
             self.num_speculative_tokens_per_batch_size = parse_schedule(self.num_speculative_tokens_per_batch_size,
                                                                         self.num_speculative_tokens)
+        ratio = self.max_step_time_ratio
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 1 <= ratio < math.inf:
+                raise SpecDecError(f"max_step_time_ratio must be a finite number >= 1 (a drafting step's time in "
+                                   f"plain steps), got {ratio!r}")
+            if self.num_speculative_tokens != AUTO:
+                raise SpecDecError("max_step_time_ratio bounds the drafts num_speculative_tokens 'auto' chooses: set "
+                                   "num_speculative_tokens to 'auto'")
         threshold = self.draft_confidence_threshold
         if threshold is not None:
             if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:

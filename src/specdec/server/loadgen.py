@@ -203,6 +203,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "prompts arriving beside running streams) (default all)")
     g.add_argument("--k", default="auto", type=lambda v: v if v == "auto" else int(v),
                    help="num_speculative_tokens of the speculative methods (default auto)")
+    g.add_argument("--max-step-time-ratio", type=float, default=None, metavar="RATIO",
+                   help="with --k auto, the speculative methods' max_step_time_ratio: draft only as much as keeps "
+                   "a step's predicted time within RATIO plain steps (default: none)")
     g.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default: the model's)")
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="chunked prefill in the benchmarked engine (default on)")

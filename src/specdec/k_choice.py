@@ -1,0 +1,151 @@
+"""The drafts of one step under ``num_speculative_tokens="auto"``: given each row's acceptance and the
+step's cost model, the ``k_b`` per row that maximise predicted tokens per second (:func:`choose_ks`),
+and what a given choice is predicted to gain (:func:`predicted_speedup`). :mod:`specdec.adaptive`
+measures the inputs online and decides when to probe; this module only prices and chooses.
+
+Terms (as in :mod:`specdec.adaptive`): ``rates[b][i]``, row ``b``'s conditional acceptance of draft
+position ``i + 1``; ``S_bi``, the probability that position ``i`` is reached and kept (the product of
+the rates up to it); ``proposing[b]``, the probability that row ``b``'s drafter proposes a draft at all
+when asked; ``padded``, whether the target's forward pads every row to the widest draft
+(``rows x (w + 1)`` tokens whatever each row drafts); ``max_step_ratio``, the most a drafting step may
+be predicted to cost, in plain steps of the same rows (every row proposing its whole draft): a bound on
+the worst inter-token gap speculation adds (``speculative_config["max_step_time_ratio"]``), where a
+step that rejects every draft gives one token for the step's whole time.
+"""
+
+from __future__ import annotations
+
+from specdec.step_cost import CostModel
+
+
+def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False,
+              proposing: list[float] | None = None, max_step_ratio: float | None = None) -> tuple[list[int], float]:
+    """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
+    plain step of the same rows.
+
+    ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long);
+    ``proposing[b]`` (1 where not given) the probability that row ``b``'s drafter proposes a draft at
+    all when asked (an n-gram lookup finds no match on some steps): a row that proposes nothing emits
+    its one token and, unpadded, feeds only it. So row ``b``'s position ``i`` is worth ``p_b S_bi``
+    tokens (``S_bi``: the probability it is reached and kept) for ``p_b`` tokens fed in expectation.
+    For each width ``w``, the best choice of expected tokens fed takes the positions (of positions
+    ``<= w``) with the largest ``S_bi``, worth the most per token fed; ``S`` falls along a row, so this
+    is a prefix of every row (the cost of a fractional number of tokens fed is interpolated between
+    its neighbours). ``padded``: the target's forward costs ``rows x (w + 1)`` tokens whatever each row
+    drafts (its grid pads rows to the longest, a row without a draft included), so at width ``w``
+    every row drafts up to ``w``. ``max_step_ratio``: only choices whose step, every row proposing,
+    is predicted at most this many plain steps are considered (None: any).
+    """
+    rows = len(limits)
+    proposing = proposing or [1.0] * rows
+    if rows == 1:  # one row: its width is its count, so the widths are the only choices
+        return _choose_k(rates[0], limits[0], cost, proposing[0], max_step_ratio)
+    if padded:
+        return _choose_width(rates, limits, cost, proposing, max_step_ratio)
+    gains = []  # (minus the probability the token is kept if drafted, position, row)
+    for b, limit in enumerate(limits):
+        survive = 1.0
+        for i in range(limit):
+            survive *= rates[b][i]
+            gains.append((-survive, i + 1, b))
+    gains.sort()
+    widest = max(limits, default=0)
+    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]
+    plain = rows / target[0]
+    most = _most_seconds(target[0], max_step_ratio)
+    best, best_w, best_m = plain, 0, 0
+    for w in range(1, widest + 1):
+        tokens, fed, count, drafting = float(rows), 0.0, 0, cost.draft_fixed + cost.draft * w
+        for gain, position, b in gains:
+            if position > w:
+                continue
+            tokens -= gain * proposing[b]
+            fed += proposing[b]
+            count += 1
+            if (target[count] + drafting) * cost.drafting_scale > most:  # every row proposing: over the bound
+                continue
+            low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
+            seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
+            rate = tokens / ((seconds + drafting) * cost.drafting_scale)
+            if rate > best:
+                best, best_w, best_m = rate, w, count
+    ks = [0] * rows
+    taken = 0
+    for _, position, b in gains:
+        if taken == best_m:
+            break
+        if position <= best_w:
+            ks[b] += 1
+            taken += 1
+    return ks, best / plain
+
+
+def predicted_speedup(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool = False,
+                      proposing: list[float] | None = None) -> float:
+    """The predicted tokens per second of a step drafting ``ks[b]`` tokens on row ``b`` over a plain step
+    of the same rows (1 where nothing is drafted); ``rates``, ``cost``, ``padded`` and ``proposing`` as in
+    :func:`choose_ks`, whose choice this prices (a fractional number of tokens fed is interpolated)."""
+    rows, width = len(ks), max(ks, default=0)
+    if not width:
+        return 1.0
+    proposing = proposing or [1.0] * rows
+    tokens, fed = float(rows), float(rows)
+    for b, k in enumerate(ks):
+        survive = 1.0
+        for i in range(k):
+            survive *= rates[b][i]
+            tokens += proposing[b] * survive
+        fed += proposing[b] * k
+    if padded:
+        fed = float(rows * (width + 1))
+    low = int(fed)
+    target = cost.target_seconds(low)
+    target += (fed - low) * (cost.target_seconds(low + 1) - target)
+    return tokens / cost.with_drafting(target, width) * cost.target_seconds(rows) / rows
+
+
+def _most_seconds(plain: float, max_step_ratio: float | None) -> float:
+    """The most seconds a drafting step may be predicted to take, a plain step taking ``plain``."""
+    return float("inf") if max_step_ratio is None else max_step_ratio * plain
+
+
+def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, proposing: list[float],
+                  max_step_ratio: float | None) -> tuple[list[int], float]:
+    """:func:`choose_ks` on a padded grid of several rows: a step of width ``w`` costs the same whichever
+    rows draft, so every row drafts up to ``w`` (each position adds tokens for nothing more) and only
+    the width is chosen, in ``O(rows x width)``: width ``w`` adds ``sum_b p_b S_bw`` tokens."""
+    rows, widest = len(limits), max(limits, default=0)
+    added = [0.0] * (widest + 1)  # [w]: expected tokens position w adds over the rows
+    for b, limit in enumerate(limits):
+        survive, p, row = 1.0, proposing[b], rates[b]
+        for i in range(limit):
+            survive *= row[i]
+            added[i + 1] += p * survive
+    target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
+    plain, most = rows / target[0], _most_seconds(target[0], max_step_ratio)
+    best, best_w, tokens = plain, 0, float(rows)
+    for w in range(1, widest + 1):
+        tokens += added[w]
+        seconds = cost.with_drafting(target[w], w)
+        if seconds <= most and tokens / seconds > best:
+            best, best_w = tokens / seconds, w
+    return [min(best_w, limit) for limit in limits], best / plain
+
+
+def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float,
+              max_step_ratio: float | None) -> tuple[list[int], float]:
+    """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft). With probability
+    ``1 - proposing`` the step is plain whatever k is (nothing proposed)."""
+    target = cost.target_curve(1, limit + 1)  # [tokens - 1]
+    plain, most = 1.0 / target[0], _most_seconds(target[0], max_step_ratio)
+    best, best_k, survive, tokens = plain, 0, 1.0, 1.0
+    fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
+    unproposed = (1.0 - proposing) * target[0]  # the expected seconds of the steps that stay plain
+    for k in range(1, limit + 1):
+        survive *= rates[k - 1]
+        tokens += survive * proposing
+        seconds = (target[k] + fixed + per_position * k) * scale  # the step when it proposes
+        rate = tokens / (proposing * seconds + unproposed)
+        if seconds <= most and rate > best:
+            best, best_k = rate, k
+    return [best_k], best / plain
