@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
-from test_sampling_exactness import assert_matches_target
+from test_sampling_exactness import BATCH, assert_matches_target
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, adaptive
@@ -500,7 +500,7 @@ def test_sampling_exactness(pair, monkeypatch, config, lengths):
     target, root = pair
     monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: CostModel(1.0, 0.02, 0.25))
     llm = LLM(root / "target", speculative_config={"method": "draft_model", "model": str(root / "draft"), **config},
-              dtype="float64", max_num_seqs=32)
+              dtype="float64", max_num_seqs=BATCH)
     drafted: list[int] = []
     step = llm.engine.step
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import BATCH, NGRAM_PROMPT, assert_matches_target, pair  # noqa: F401  (pair: a fixture)
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
@@ -189,7 +189,7 @@ def test_sampling_matches_target_with_mixed_candidates(pair, k, max_tokens):  # 
     spec = {"method": "auto", "num_speculative_tokens": k, "candidates": [
         {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": k},
         {"method": "ngram", "num_speculative_tokens": k}]}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     llm.engine.drafter.bandit.exploration = 0.5
     assert_matches_target(target, llm, NGRAM_PROMPT, "speculative", max_tokens)
     batch = llm.batch_metrics

@@ -9,7 +9,7 @@ import test_sampling_exactness
 import torch
 from helpers import build_model, truncated_copy
 from test_auto_method import MAX_TOKENS, PROMPTS
-from test_sampling_exactness import PROMPT, SETTINGS, VOCAB, assert_matches_target, pair, pvalues  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import BATCH, PROMPT, SETTINGS, VOCAB, assert_matches_target, pair, pvalues  # noqa: F401  (pair: a fixture)
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -91,7 +91,7 @@ def test_sampling_matches_target(pair, small_dir, monkeypatch):  # noqa: F811  (
     monkeypatch.setattr(test_sampling_exactness, "CALLS", CALLS)
     target, root = pair
     llm = LLM(root / "target", speculative_config=cascade(small_dir, root / "draft", 2, inner_k=1),
-              dtype="float64", max_num_seqs=32)
+              dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, "cascade")
     batch = llm.batch_metrics
     assert 0 < batch.inner_accepted_tokens < batch.inner_draft_tokens
@@ -111,7 +111,7 @@ def test_the_small_models_q_at_the_outer_stage_is_caught(pair, small_dir, monkey
 
     monkeypatch.setattr(specdec.drafters.cascade, "verify_sampled", small_q)
     llm = LLM(root / "target", speculative_config=cascade(small_dir, root / "draft", 2, inner_k=1),
-              dtype="float64", max_num_seqs=32)
+              dtype="float64", max_num_seqs=BATCH)
     results = pvalues(target, llm, PROMPT, (3,))
     for settings, pvalue in zip(SETTINGS, results):
         assert pvalue < 1e-6, f"{settings}: a wrong outer q went unnoticed (p={pvalue:.2e})"

@@ -15,7 +15,7 @@ from helpers import build_model, run_graph_bodies_eagerly
 from test_early_exit import make_adapter
 from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
 from test_heads import llama, make_heads, references  # noqa: F401 - module fixtures
-from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, VOCAB, assert_matches_target
 
 from specdec import LLM, SamplingParams, SpecDecError
 from specdec.drafters.draft_vocab import TOKEN_COUNTS_FILE, DraftVocab, save_token_counts
@@ -73,7 +73,7 @@ def test_heads_with_a_draft_vocab_match_transformers(model_dirs, llama, referenc
     counts = write_counts(tmp_path / method, MODEL_VOCAB, seed=2)
     spec = {"method": method, "model": str(tmp_path / method), "num_speculative_tokens": 4,
             "draft_vocab_size": DRAFT_VOCAB, **extra}
-    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     drafts = record_drafts(llm)
     check_outputs(run_batch(llm), references)
     assert len(drafts) > 50 and set(drafts) <= set(expected_ids(counts, DRAFT_VOCAB))
@@ -93,7 +93,7 @@ def test_captured_drafting_with_a_draft_vocab_matches_transformers(model_dirs, l
         shutil.copytree(model_dirs["llama"]["truncated"], folder)
     counts = write_counts(folder, MODEL_VOCAB, seed=2)
     spec = {"method": method, "model": str(folder), "num_speculative_tokens": 4, "draft_vocab_size": DRAFT_VOCAB}
-    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     drafter = llm.engine.drafter
     model = drafter.layer if method == "eagle" else drafter.model
     model.use_cuda_graphs = True
@@ -128,7 +128,7 @@ def test_early_exit_with_a_draft_vocab_matches_transformers(model_dirs, llama, r
     counts = write_counts(tmp_path / "ee", MODEL_VOCAB, seed=6)
     spec = {"method": "layer_skip", "model": str(tmp_path / "ee"), "num_speculative_tokens": 3,
             "draft_vocab_size": DRAFT_VOCAB}
-    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     target, heads = llm.engine.target, []
     forward = target.forward
 
@@ -181,7 +181,7 @@ def test_sampling_with_a_draft_vocab_matches_target(tmp_path, method):
     write_counts(tmp_path / "heads", VOCAB, seed=7)
     llm = LLM(tmp_path / "target", speculative_config={**spec, "num_speculative_tokens": 2,
                                                         "draft_vocab_size": VOCAB // 2},
-              dtype="float64", max_num_seqs=32)
+              dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, f"{method} with a draft vocabulary")
 
 
@@ -253,7 +253,7 @@ def test_a_draft_model_and_a_cascade_with_a_draft_vocab_sample_the_target(tmp_pa
         build_model("llama", seed=seed, vocab=VOCAB, layers=1, scale=3.0).save_pretrained(tmp_path / name)
         write_counts(tmp_path / name, VOCAB, seed=seed, default_size=VOCAB // 2)  # the folder's default
     spec = {"method": "draft_model", "model": str(tmp_path / "draft"), "num_speculative_tokens": 2}
-    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert llm.engine.drafter.vocab.ids.numel() == VOCAB // 2
     assert_matches_target(target, llm, PROMPT, "draft_model with a draft vocabulary")
     from transformers import AutoModelForCausalLM
@@ -264,7 +264,7 @@ def test_a_draft_model_and_a_cascade_with_a_draft_vocab_sample_the_target(tmp_pa
     cascade = {"method": "cascade", "num_speculative_tokens": 2, "stages": [
         {"method": "draft_model", "model": str(tmp_path / "small"), "num_speculative_tokens": 1},
         {"method": "draft_model", "model": str(tmp_path / "draft")}]}
-    llm = LLM(tmp_path / "target", speculative_config=cascade, dtype="float64", max_num_seqs=32)
+    llm = LLM(tmp_path / "target", speculative_config=cascade, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, "cascade with draft vocabularies")
 
 

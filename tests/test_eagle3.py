@@ -18,7 +18,7 @@ from test_heads import (  # noqa: F401 - llama, references, sharp_pair: module f
     references,
     sharp_pair,
 )
-from test_sampling_exactness import PROMPT, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, assert_matches_target
 from test_train import tiny_head_training
 
 from specdec import LLM, SamplingParams
@@ -45,7 +45,7 @@ def test_fused_eagle_batched_greedy_matches_transformers(model_dirs, llama, refe
     spec = {"method": "eagle", "model": str(tmp_path / "eagle3"), "num_speculative_tokens": k,
             "num_candidates": candidates}
     llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend=backend,
-              max_num_seqs=32)
+              max_num_seqs=BATCH)
     assert llm.engine.hidden_layers == (1, 2, 3), "the engine must hand over the fused layers"
     check_outputs(run_batch(llm), references)
     assert llm.batch_metrics.num_draft_tokens > 50 and llm.batch_metrics.num_accepted_tokens > 0
@@ -71,7 +71,7 @@ def test_fused_eagle_sampling_matches_target(sharp_pair):  # noqa: F811
     target, root = sharp_pair
     make_fused(target, root / "eagle3", [0, 1, 2], seed=4, scale=3.0)
     spec = {"method": "eagle", "model": str(root / "eagle3"), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, "fused eagle")
 
 

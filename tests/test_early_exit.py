@@ -12,7 +12,7 @@ import torch
 from helpers import build_model
 from test_heads import llama, randomize_and_save  # noqa: F401 - llama: a module fixture
 from test_layer_skip import MAX_TOKENS, PROMPTS, assert_pool_is_a_fresh_prefill, reference, run_ragged_steps
-from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, VOCAB, assert_matches_target
 from test_train import MODULES
 from test_train import _module_source as module_source
 
@@ -99,7 +99,7 @@ def test_early_exit_sampling_matches_target(tmp_path):
     target.save_pretrained(tmp_path / "target")
     make_adapter(target, tmp_path / "ee", 1, seed=4, scale=3.0)
     spec = {"method": "layer_skip", "model": str(tmp_path / "ee"), "num_speculative_tokens": 2}
-    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(tmp_path / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, "early-exit")
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import FAMILY_ARCHS, build_model, truncated_copy
 from test_greedy_equality import check_outputs, greedy_references, run_batch
-from test_sampling_exactness import PROMPT, SETTINGS, VOCAB, assert_matches_target, exact_joint
+from test_sampling_exactness import BATCH, PROMPT, SETTINGS, VOCAB, assert_matches_target, exact_joint
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from specdec import LLM, SamplingParams
@@ -90,7 +90,7 @@ def gemma_pair(tmp_path_factory):
 def test_gemma2_sampling_matches_target(gemma_pair):
     target, root = gemma_pair
     spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert isinstance(llm.target, FastLlamaLM)
     assert_matches_target(target, llm, PROMPT, "gemma2 speculative", (3, 2))
 

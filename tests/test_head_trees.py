@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from test_greedy_equality import PROMPTS, check_outputs, run_batch
 from test_heads import llama, make_heads, references, sharp_pair  # noqa: F401 - fixtures
-from test_sampling_exactness import PROMPT, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, assert_matches_target
 
 from specdec import LLM, SamplingParams
 from specdec.drafters.heads.eagle import tree_levels
@@ -37,7 +37,7 @@ def test_head_trees_batched_greedy_match_transformers(model_dirs, llama, referen
     make_heads(llama, method, tmp_path / method, seed=1)
     spec = {"method": method, "model": str(tmp_path / method), "num_speculative_tokens": k,
             "num_candidates": candidates}
-    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     check_outputs(run_batch(llm), references)
     metrics = llm.batch_metrics
     assert metrics.num_draft_tokens > 50 and metrics.num_accepted_tokens > 0
@@ -50,7 +50,7 @@ def test_head_trees_sampling_matches_target(sharp_pair, method):  # noqa: F811
     make_heads(target, method, root / f"{method}_tree", seed=4, scale=3.0, num_heads=2)
     spec = {"method": method, "model": str(root / f"{method}_tree"), "num_speculative_tokens": 3,
             "num_candidates": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, f"{method} tree")
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers import build_model, record_drafts, run_graph_bodies_eagerly
 from test_greedy_equality import MAX_TOKENS, PROMPTS, check_outputs, run_batch
-from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, VOCAB, assert_matches_target
 from test_train import MODULES
 from test_train import _module_source as module_source
 
@@ -156,7 +156,7 @@ def test_heads_sampling_matches_target(sharp_pair, method):
     target, root = sharp_pair
     make_heads(target, method, root / method, seed=4, scale=3.0, num_heads=2)
     spec = {"method": method, "model": str(root / method), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, method)
 
 

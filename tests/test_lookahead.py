@@ -16,7 +16,7 @@ step proposes (pure helpers), then end to end on float64 tiny models.
 
 import pytest
 from test_greedy_equality import MAX_TOKENS, PROMPTS
-from test_sampling_exactness import NGRAM_PROMPT, assert_matches_target, pair, pvalues  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import BATCH, NGRAM_PROMPT, assert_matches_target, pair, pvalues  # noqa: F401  (pair: a fixture)
 from test_tree_engine import greedy_refs, run_batch  # noqa: F401  (greedy_refs: a fixture)
 
 import specdec.verify
@@ -192,7 +192,7 @@ LOOKAHEAD_SAMPLING = {"method": "lookahead", "num_speculative_tokens": 4, "looka
 def test_sampling_matches_target(pair):  # noqa: F811
     """Two-token candidates from the prompt ([4] was followed by 3 3) beside a two-token window."""
     target, root = pair
-    llm = LLM(root / "target", speculative_config=LOOKAHEAD_SAMPLING, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=LOOKAHEAD_SAMPLING, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, NGRAM_PROMPT, "lookahead")
     batch = llm.batch_metrics
     assert batch.mean_batch_size > 8
@@ -202,7 +202,7 @@ def test_residual_that_keeps_a_rejected_sibling_is_caught(pair, monkeypatch):  #
     """A rejected deterministic node must leave the residual; keeping it biases the output."""
     target, root = pair
     monkeypatch.setattr(specdec.verify, "sibling_residual", lambda r, q: r)
-    llm = LLM(root / "target", speculative_config=LOOKAHEAD_SAMPLING, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=LOOKAHEAD_SAMPLING, dtype="float64", max_num_seqs=BATCH)
     assert min(pvalues(target, llm, NGRAM_PROMPT, (3, 2))) < 1e-6
 
 

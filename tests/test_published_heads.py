@@ -15,7 +15,7 @@ from helpers import build_model, record_drafts
 from safetensors.torch import save_file
 from test_greedy_equality import PROMPTS, check_outputs, run_batch
 from test_heads import llama, references  # noqa: F401 - module fixtures
-from test_sampling_exactness import PROMPT, VOCAB, assert_matches_target
+from test_sampling_exactness import BATCH, PROMPT, VOCAB, assert_matches_target
 
 from specdec import LLM, SamplingParams
 from specdec.drafters.heads.published import aux_layer_ids
@@ -266,7 +266,7 @@ def test_published_heads_batched_greedy_matches_transformers(model_dirs, llama, 
     spec = {"method": method, "model": str(tmp_path / method), "num_speculative_tokens": 4 * candidates,
             "num_candidates": candidates}
     llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend=backend,
-              max_num_seqs=32)
+              max_num_seqs=BATCH)
     check_outputs(run_batch(llm), references)
     assert llm.batch_metrics.num_draft_tokens > 50
     assert not llm.engine.drafter.features, "features of finished sequences must be released"
@@ -290,7 +290,7 @@ def test_published_heads_sampling_matches_target(sharp_three_layers, method):
     else:
         make_medusa(target, root / method, seed=10, layout="vllm", num_heads=2, scale=3.0)
     spec = {"method": method, "model": str(root / method), "num_speculative_tokens": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, PROMPT, f"published {method}")
 
 

@@ -32,6 +32,7 @@ SETTINGS = [
 ]
 PER_SETTING = 6  # requests of each setting per generate call
 GREEDY_ROWS = 8  # greedy requests per generate call
+BATCH = PER_SETTING * len(SETTINGS) + GREEDY_ROWS  # requests per generate call: the max_num_seqs of the LLMs tested
 CALLS = -(-SAMPLES // PER_SETTING)
 
 
@@ -142,7 +143,7 @@ def test_mixed_batch_sampling_matches_target(pair, method, k, max_tokens):
     if method == "draft_model":
         spec["model"] = str(root / "draft")
     prompt = NGRAM_PROMPT if method in ("ngram", "suffix") else PROMPT
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, prompt, "speculative", max_tokens)
     assert llm.batch_metrics.mean_batch_size > 8, "the requests must have run batched"
 
@@ -152,7 +153,7 @@ def test_broken_residual_is_caught(pair, monkeypatch):
     target, root = pair
     monkeypatch.setattr(specdec.verify, "residual_distribution", lambda p, q: p)
     spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 1}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     results = pvalues(target, llm, PROMPT, (2,))
     for settings, pvalue in zip(SETTINGS, results):
         assert pvalue < 1e-6, f"{settings}: a wrong residual went unnoticed (p={pvalue:.2e})"
@@ -186,7 +187,7 @@ def test_keyed_sampling_matches_target(pair, method, k, max_tokens):
     if method == "draft_model":
         spec["model"] = str(root / "draft")
     prompt = NGRAM_PROMPT if method in ("ngram", "suffix") else PROMPT
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32, deterministic=True)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH, deterministic=True)
     assert_matches_target(target, llm, prompt, "keyed speculative", max_tokens)
 
 
@@ -201,6 +202,6 @@ def test_broken_keyed_race_is_caught(pair, monkeypatch):
 
     monkeypatch.setattr(keyed_noise, "keyed_noise", uniform_noise)
     spec = {"method": "draft_model", "model": str(root / "draft"), "num_speculative_tokens": 1}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32, deterministic=True)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH, deterministic=True)
     results = pvalues(target, llm, PROMPT, (2,))
     assert any(pvalue < 1e-6 for pvalue in results), f"a wrong race went unnoticed ({results})"

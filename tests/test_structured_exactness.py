@@ -140,6 +140,7 @@ REGEX = "[a-f]{2,3}"  # the tiny tokenizer has one token per byte: 6 valid token
 LETTERS = "abcdef"
 SAMPLES = 1600
 SETTINGS = [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 3}]
+PER_CALL = 16  # sampled requests per generate call
 
 
 def exact_joint(target, tokenizer, prompt_ids: list[int], params: SamplingParams) -> np.ndarray:
@@ -173,17 +174,16 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def sampled_pvalues(models, spec: dict, prompt: str) -> tuple[list[float], LLM]:
     target, tokenizer, target_dir, _ = models
-    llm = LLM(target_dir, dtype="float64", max_num_seqs=32, speculative_config=spec)
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=PER_CALL, speculative_config=spec)
     prompt_ids = tokenizer(prompt)["input_ids"]
     constraint = StructuredOutputsParams(regex=REGEX)
     vocab = target.config.vocab_size
     counts = [np.zeros((vocab, vocab)) for _ in SETTINGS]
-    per_call = 16
-    for call in range(SAMPLES * len(SETTINGS) // per_call):
-        params = [SamplingParams(max_tokens=2, seed=(call * per_call + j) * 7919 + 3, ignore_eos=True,
+    for call in range(SAMPLES * len(SETTINGS) // PER_CALL):
+        params = [SamplingParams(max_tokens=2, seed=(call * PER_CALL + j) * 7919 + 3, ignore_eos=True,
                                  structured_outputs=constraint, **SETTINGS[j % len(SETTINGS)])
-                  for j in range(per_call)]
-        for j, out in enumerate(llm.generate([{"prompt_token_ids": prompt_ids}] * per_call, params)):
+                  for j in range(PER_CALL)]
+        for j, out in enumerate(llm.generate([{"prompt_token_ids": prompt_ids}] * PER_CALL, params)):
             tokens = out.outputs[0].token_ids
             counts[j % len(SETTINGS)][tokens[0], tokens[1]] += 1
     pvalues = [chi_square_pvalue(c, exact_joint(target, tokenizer, prompt_ids, SamplingParams(**s)))

@@ -5,7 +5,7 @@ import random
 
 import pytest
 import torch
-from test_sampling_exactness import assert_matches_target, pair  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import BATCH, assert_matches_target, pair  # noqa: F401  (pair: a fixture)
 from test_suffix import MAX_TOKENS, PROMPTS, reference
 from test_tree_engine import TREE_PROMPT
 from transformers import AutoModelForCausalLM
@@ -92,5 +92,5 @@ def test_suffix_tree_sampling_matches_target(pair):  # noqa: F811
     earlier (sampled) requests add to the shared cache, in mixed batches: the chi-square test."""
     target, root = pair
     spec = {"method": "suffix", "num_speculative_tokens": 2, "num_candidates": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, TREE_PROMPT, "suffix tree")

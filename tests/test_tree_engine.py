@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import make_sequence
 from test_greedy_equality import MAX_TOKENS, PROMPTS
-from test_sampling_exactness import assert_matches_target, pair  # noqa: F401  (pair: a fixture)
+from test_sampling_exactness import BATCH, assert_matches_target, pair  # noqa: F401  (pair: a fixture)
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, SpecDecError
@@ -137,7 +137,7 @@ TREE_PROMPT = [3, 1, 4, 3, 5, 1, 4, 2, 9, 1, 4]  # [1, 4] was followed by 3 5 an
 def test_ngram_tree_sampling_matches_target(pair):  # noqa: F811
     target, root = pair
     spec = {"method": "ngram", "num_speculative_tokens": 2, "num_candidates": 2}
-    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=32)
+    llm = LLM(root / "target", speculative_config=spec, dtype="float64", max_num_seqs=BATCH)
     assert_matches_target(target, llm, TREE_PROMPT, "tree")
 
 
