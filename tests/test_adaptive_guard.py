@@ -55,8 +55,9 @@ def pinned(monkeypatch):
 class World:
     """One policy, stepped over batches of synthetic sequences."""
 
-    def __init__(self, clock, alpha: float = 0.8, seed: int = 0) -> None:
-        self.policy, self.clock, self.alpha = AdaptiveK(MAX_K, probe_every=PROBE_EVERY), clock, alpha
+    def __init__(self, clock, alpha: float = 0.8, seed: int = 0, max_step_ratio: float | None = None) -> None:
+        self.policy = AdaptiveK(MAX_K, probe_every=PROBE_EVERY, max_step_ratio=max_step_ratio)
+        self.clock, self.alpha = clock, alpha
         self.rng = random.Random(seed)
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
@@ -206,3 +207,19 @@ def test_probes_back_off_where_the_model_prices_them_far_below_plain():
     clock["now"] = lambda rows, width: (0.016 + 0.00001 * rows * width, 0.0)
     back = world.run(seqs, 4 * PROBE_EVERY * FAR_BELOW_PROBES)
     assert sum(any(ks) for _, ks in back[-100:]) > 90
+
+
+def test_probes_back_off_where_a_probe_is_over_the_step_time_bound():
+    """One row at α = 0.9, a flat 10 ms target and drafting 5 ms a position: one draft position pays (1.9
+    tokens for 1.5 plain steps), so without a bound the policy drafts. Under a bound of 1.2 plain steps no
+    draft is within it: speculation stays off, every probe drafts one position, and the probes back off
+    (each is a step over the bound), the period doubling up to ``FAR_BELOW_PROBES`` periods."""
+    clock = lambda rows, width: (PLAIN_SECONDS, 0.005 * width)  # noqa: E731
+    free = World(clock, alpha=0.9).run(batch(1), 300)
+    assert sum(any(ks) for _, ks in free[-100:]) > 80
+    chosen = World(clock, alpha=0.9, max_step_ratio=1.2).run(batch(1), 1000)
+    assert all(ks == [0] for probe, ks in chosen[10:] if not probe)
+    assert all(ks == [1] for probe, ks in chosen[10:] if probe)
+    probes = [step for step, (probe, _) in enumerate(chosen) if probe]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[-1] == PROBE_EVERY * FAR_BELOW_PROBES and all(b in (a, 2 * a) for a, b in zip(gaps, gaps[1:]))

@@ -100,8 +100,10 @@ chooses only among drafts whose step, every row proposing, is predicted (calibra
 most ``max_step_ratio`` plain steps of the same rows, plain decoding included
 (:func:`specdec.k_choice.choose_ks`); a probe while speculation is off drafts one position, not
 ``PROBE_DRAFT``, and so does a cold start (the first drafting step, or one after the cost line lost its
-spread: steps of one shape for long), not every row's most. The most tokens per second within a bound on
-the worst gap.
+spread: steps of one shape for long), not every row's most. A probe the model (uncalibrated) predicts
+over the bound backs off as a probe priced far below plain decoding does: it is a step over the bound,
+and it pays every row's drafter catching up on the steps without drafts. The most tokens per second
+within a bound on the worst gap.
 
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
@@ -125,7 +127,7 @@ PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anythi
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
-FAR_BELOW_PROBES = 8  # speculation off and a probe predicted below 1 / FAR_ABOVE: its period doubles up to this
+FAR_BELOW_PROBES = 8  # off, a probe priced below 1 / FAR_ABOVE or over the bound: period doubles up to this
 GUARD_EVIDENCE = 2.5  # decayed steps of each kind the calibration needs at a row count before it applies
 SHAPE_EVIDENCE = 1.5  # decayed timed steps of one shape (two) before its measured mean replaces the line there
 SHAPE_TOLERANCE = 0.1  # a shape's measured mean this far off the line or farther replaces it (closer is noise)
@@ -279,7 +281,8 @@ class AdaptiveK:
         proposing = [self._proposing(s).rate(pooled) for s in seqs]
         ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing, self.max_step_ratio)
         far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
-        below = not any(ks) and predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
+        below = not any(ks) and (predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
+                                 or self._over_bound(probe, model))
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
         if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
@@ -305,6 +308,13 @@ class AdaptiveK:
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
         return self._count(seqs, limits, ks)
+
+    def _over_bound(self, ks: list[int], model: CostModel) -> bool:
+        """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated) over the bound on a drafting
+        step's time, every row proposing (False without a bound)."""
+        if self.max_step_ratio is None:
+            return False
+        return model.seconds(self._fed(ks), max(ks)) > self.max_step_ratio * model.target_seconds(len(ks))
 
     def drafting_scale(self, rows: int) -> float | None:
         """How much more (or less) drafting steps over ``rows`` rows measured than the model predicted,
