@@ -240,6 +240,43 @@ def test_a_step_time_bound_drafts_the_best_k_within_it(rows):
     assert all(sum(clock(rows + sum(ks), max(ks))) <= 1.3 * plain for ks in bounded[10:])
 
 
+def test_under_a_bound_drafts_widen_one_position_past_the_widest_measured():
+    """Nearly free drafts (a flat 10 ms target, 0.1 ms a position), α = 0.9, a bound of 1.3 plain steps:
+    every width up to 8 is within it, and unbounded the policy drafts 8 from its first choice on. Under the
+    bound it never drafts more than one position past the widest step timed so far (the first step of
+    each shape is not timed), so it widens step by step, and still reaches 8."""
+    clock = lambda n, w: (0.010, 0.0001 * w)  # noqa: E731
+    assert simulate(0.9, clock, steps=20)[4] == [MAX_K]  # cold start: 8, 8, then plain twice; then the model's 8
+    chosen = [ks[0] for ks in simulate(0.9, clock, steps=200, max_step_ratio=1.3)]
+    for step, k in enumerate(chosen):
+        earlier = chosen[:step]
+        timed = [w for w in set(earlier) if earlier.count(w) >= 2]  # a width's second step is timed
+        assert k <= max(timed, default=0) + 1, (step, chosen[: step + 1])
+    assert chosen[-50:].count(MAX_K) > 40
+
+
+def test_a_row_near_its_end_starts_no_hold_the_next_request_would_inherit():
+    """Nearly free drafts (0.2 ms a position), a target of 10 ms + 0.5 ms a token fed, α = 0.95 and a bound
+    of 1.3 plain steps: 4 positions are the most within it. A request at its last draftable token (limit 1)
+    gets its whole limit, far ahead of plain decoding; the next request at that row count must not
+    inherit that as a held "every row at its most" decision, which would draft 8, far over the bound."""
+    policy, rng = AdaptiveK(MAX_K, max_step_ratio=1.3), random.Random(3)
+    clock = lambda n, w: (0.010 + 0.0005 * n, 0.0002 * w)  # noqa: E731
+
+    def step(seq: FakeSeq, limit: int) -> list[int]:
+        ks = policy.choose([seq], [limit])
+        accepted = bernoulli_accepted(ks, 0.95, rng)
+        policy.observe([seq], ks, accepted, StepCost(1 + ks[0], ks[0], *clock(1 + ks[0], ks[0])))
+        return ks
+
+    chosen = []
+    for r in range(6):
+        seq = FakeSeq(f"r{r}")
+        chosen += [step(seq, MAX_K)[0] for _ in range(60)]
+        assert step(seq, 1) == [1]  # its last token
+    assert max(chosen[40:]) == 4 and chosen[-100:].count(4) > 80
+
+
 def test_policy_charges_a_fixed_drafting_cost_per_step_not_per_position():
     """Drafting 5 ms per step plus 0.5 ms per position (a draft model's catch-up forward), flat target 10 ms,
     α = 0.8: the fitted ``(d_0, d)`` is the clock's, and the policy drafts long (S(8) > S(4) by 15% with a

@@ -87,9 +87,11 @@ The policy's own work is part of every step (tens of microseconds of Python, aga
 milliseconds), so where there is nothing to decide it does less: with drafts that cost next to
 nothing (drafting the most costs under ``HOLD_DRAFT_SHARE`` of a plain step: an n-gram or suffix
 lookup, not a draft model, whose every position is a trade-off made again each step), a decision
-that gives every row its most, far ahead (above ``FAR_ABOVE``), whose step shape is measured (not a
-shape being explored), is held for the next steps at that row count, one step, then three, up to
-``HOLD_MAX - 1``, each row clipped to its own limit (probes come as scheduled); any other decision
+that gives every row the most any row drafts (``max_k``), far ahead (above ``FAR_ABOVE``), whose step
+shape is measured (not a shape being explored), is held for the next steps at that row count, one step,
+then three, up to ``HOLD_MAX - 1``, each row clipped to its own limit (probes come as scheduled). A row
+allowed fewer (near the end of its budget) starts no hold: the request after it at that row count would
+inherit a decision made for another's limit, past a bound on the step's time. Any other decision
 ends the hold (a decision below the most may be made on a small margin, and is made again each
 step). The cost model is refitted every ``COST_REFRESH`` timed steps, not every step.
 
@@ -100,7 +102,9 @@ chooses only among drafts whose step, every row proposing, is predicted (calibra
 most ``max_step_ratio`` plain steps of the same rows, plain decoding included
 (:func:`specdec.k_choice.choose_ks`); a probe while speculation is off drafts one position, not
 ``PROBE_DRAFT``, and so does a cold start (the first drafting step, or one after the cost line lost its
-spread: steps of one shape for long), not every row's most. A probe the model (uncalibrated) predicts
+spread: steps of one shape for long), not every row's most; and no row drafts more than one position past
+the widest step timed at that row count, so the cost line is not trusted far past what was measured (it
+had eagle draft 8 where a step of 8 cost well over the bound at ``1b``). A probe the model (uncalibrated) predicts
 over the bound backs off as a probe priced far below plain decoding does: it is a step over the bound,
 and it pays every row's drafter catching up on the steps without drafts. The most tokens per second
 within a bound on the worst gap.
@@ -175,6 +179,7 @@ class AdaptiveK:
         self.proposals: dict[str, ProposalRate] = {}  # per sequence, the pool's rate as prior
         self.asked: list[int] = []  # the ks of the step chosen last, row by row
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
+        self.widest: dict[int, int] = {}  # rows -> the widest draft of a step timed at that row count
         self.shape_decay = shape_decay
         # rows -> tokens -> (decayed timed steps, decayed seconds, the step it was last timed)
         self.shapes: dict[int, dict[int, tuple[float, float, int]]] = {}
@@ -279,12 +284,16 @@ class AdaptiveK:
             cost = replace(cost, drafting_scale=scale)
         pooled = self.pool_proposals.rate(1.0)
         proposing = [self._proposing(s).rate(pooled) for s in seqs]
-        ks, self.last_speedup = choose_ks(rates, limits, cost, self.padded, proposing, self.max_step_ratio)
+        reach = limits
+        if self.max_step_ratio is not None:  # one position past the widest step timed at this row count
+            reach = [min(limit, self.widest.get(len(seqs), 0) + 1) for limit in limits]
+        ks, self.last_speedup = choose_ks(rates, reach, cost, self.padded, proposing, self.max_step_ratio)
         far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
         below = not any(ks) and (predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
                                  or self._over_bound(probe, model))
         free = cost.draft_fixed + cost.draft * max(ks) < HOLD_DRAFT_SHARE * cost.target_seconds(len(ks))
-        if far and free and ks == limits and self._measured(len(ks), self._fed(ks)):  # held, longer each time
+        holds = far and free and ks == limits and min(limits) == self.max_k
+        if holds and self._measured(len(ks), self._fed(ks)):  # held, longer each time
             self.hold_period = min(2 * self.hold_period, HOLD_MAX)
             self.held, self.held_rows = self.hold_period - 1, len(ks)
         else:
@@ -352,6 +361,7 @@ class AdaptiveK:
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
+        self.widest[len(seqs)] = max(self.widest.get(len(seqs), 0), step.width)
         cost = self._model(len(seqs))
         self.measured += 1
         if not step.width:
