@@ -56,13 +56,14 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
         tokens, fed, count, drafting = float(rows), 0.0, 0, cost.draft_fixed + cost.draft * w
+        room = most / cost.drafting_scale - drafting  # the most the target's part may cost within the bound
         for gain, position, b in gains:
             if position > w:
                 continue
             tokens -= gain * proposing[b]
             fed += proposing[b]
             count += 1
-            if (target[count] + drafting) * cost.drafting_scale > most:  # every row proposing: over the bound
+            if target[count] > room:  # every row proposing: over the bound
                 continue
             low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
             seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
