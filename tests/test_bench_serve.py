@@ -64,6 +64,27 @@ def test_compare_checks_the_targets():
     assert "| suffix | code | 1 | 1.80 | 1.05 | 2.00 | met |" in table(compare(rows))
 
 
+def test_compare_takes_ratios_within_a_round_and_their_median():
+    """Over rounds, each ratio is to the same round's plain decoding, then the median; the targets are judged
+    on the medians. Pairing across rounds would give 2.0 (fast eagle round over slow plain round) or 0.5."""
+    def row(method, r, tps, p99, mean):
+        return {"method": method, "workload": "code", "concurrency": 4, "round": r, "tokens_per_second": tps,
+                "itl_ms_p99": p99, "itl_ms_mean": mean}
+
+    rows = [row("plain", 1, 100, 10, 10), row("eagle", 1, 110, 10, 8),   # machine slow: 1.10, 1.00, 1.25
+            row("eagle", 2, 240, 22, 4), row("plain", 2, 200, 20, 5),    # fast: 1.20, 1.10, 1.25
+            row("plain", 3, 150, 15, 8), row("eagle", 3, 135, 18, 8)]    # 0.90, 1.20, 1.00
+    [got] = compare(rows)
+    assert got["rounds"] == 3
+    assert got["throughput_vs_plain"] == pytest.approx(1.10) and got["itl_p99_vs_plain"] == pytest.approx(1.10)
+    assert got["itl_mean_speedup"] == pytest.approx(1.25)
+    assert got["range"]["throughput_vs_plain"] == pytest.approx([0.90, 1.20])
+    assert got["targets_met"]  # median throughput 1.10 >= 1, median p99 1.10 <= 1.1 (not one stream)
+    assert "| eagle | code | 4 | 1.10 (0.90-1.20) | 1.10 (1.00-1.20) | 1.25 (1.00-1.25) | met |" in table([got])
+    [one] = compare([r for r in rows if r["round"] == 3])
+    assert not one["targets_met"] and "range" not in one and one["rounds"] == 1
+
+
 def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
     out = tmp_path / "serve.json"
     code = main(["bench-serve", "--in-process", "--methods", "plain,suffix", "--workloads", "code,chat,flood",
@@ -84,6 +105,30 @@ def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
 def test_bench_serve_bad_methods(capsys):
     assert main(["bench-serve", "--in-process", "--methods", "plain,nope"]) == 2
     assert "--methods takes a comma-separated list" in capsys.readouterr().err
+
+
+def test_bench_serve_rounds_interleave_the_methods(tmp_path, capsys):
+    """--rounds 2: every method twice, the second round in reverse order, and the comparison over both."""
+    out = tmp_path / "serve.json"
+    assert main(["bench-serve", "--in-process", "--methods", "plain,suffix", "--workloads", "code", "--concurrency",
+                 "2", "--max-tokens", "3", "--num-requests", "2", "--rounds", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [(r["round"], r["method"]) for r in data["rows"]] == [(1, "plain"), (1, "suffix"), (2, "suffix"),
+                                                                 (2, "plain")]
+    [comparison] = data["comparison"]
+    assert comparison["rounds"] == 2 and set(comparison["range"]) == {
+        "throughput_vs_plain", "itl_p99_vs_plain", "itl_mean_speedup"}
+    assert "round 2/2 suffix" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--in-process", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--rounds", "3"], "--rounds interleaves the in-process benchmark's methods; it takes --in-process"),
+])
+def test_bench_serve_bad_rounds(argv, message, capsys):
+    assert main(["bench-serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,7 +13,9 @@ Workloads (closed loop: ``c`` clients, each sending its next request when its la
 Per method and concurrency: throughput (generated tokens per second of wall time), TTFT and ITL p50,
 p99 and mean, and goodput (requests per second whose TTFT and mean ITL both meet ``--goodput-ttft-ms`` and
 ``--goodput-itl-ms``), plus the speculation policy's decisions at that load (rows given each k, steps
-with speculation off). ITL follows :mod:`specdec.server.loadgen`: a step that hands a request ``m``
+with speculation off). With ``--rounds N`` every method runs ``N`` times, interleaved, and each ratio to
+plain decoding is taken within a round, then its median over the rounds (a busy machine's speed moves
+by tens of percent over minutes). ITL follows :mod:`specdec.server.loadgen`: a step that hands a request ``m``
 tokens ``g`` seconds after its previous ones counts ``m`` latencies of ``g / m`` (time per output token).
 """
 
@@ -198,8 +200,9 @@ def build_workloads(llm, args) -> dict[str, Any]:
 
 
 def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
-               draft: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready)."""
+               draft: Path, round_number: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready),
+    each marked with ``round_number`` (1 to ``args.rounds``)."""
     from specdec import LLM, SamplingParams
 
     llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft), args.max_step_time_ratio),
@@ -212,11 +215,11 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     rows = []
 
     def record(workload: str, concurrency: int, traces: list[Trace], seconds: float, before: dict, **extra) -> None:
-        row = {"method": method, "workload": workload, "concurrency": concurrency,
+        row = {"method": method, "workload": workload, "concurrency": concurrency, "round": round_number,
                **summarize(traces, seconds, args.goodput_ttft_ms, args.goodput_itl_ms),
                "policy": decisions(before, llm.batch_metrics.to_dict()), **extra}
         rows.append(row)
-        print(line(row), file=sys.stderr, flush=True)
+        print(line(row, args.rounds), file=sys.stderr, flush=True)
 
     for workload in args.workloads:
         for c in args.concurrency:
@@ -249,44 +252,59 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     return workloads, rows
 
 
-def line(row: dict[str, Any]) -> str:
+def line(row: dict[str, Any], rounds: int = 1) -> str:
+    """One row as printed while the benchmark runs (its round too when there are several)."""
     policy = row["policy"]
     off = f"{policy['speculation_off_steps']}/{policy['steps']} steps off"
     extra = f" | p99 ITL x{row['itl_p99_vs_baseline']:.2f} of no flood" if row.get("itl_p99_vs_baseline") else ""
-    return (f"{row['method']:<11} {row['workload']:<14} c={row['concurrency']:<3} "
+    which = f"round {row['round']}/{rounds} " if rounds > 1 else ""
+    return (f"{which}{row['method']:<11} {row['workload']:<14} c={row['concurrency']:<3} "
             f"{row['tokens_per_second']:7.1f} tok/s "
             f"| goodput {row['goodput_requests_per_second']:.2f} req/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
             f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
             f"p99 {row['itl_ms_p99']:.1f} | {off}{extra}")
 
 
+RATIOS = ("throughput_vs_plain", "itl_p99_vs_plain", "itl_mean_speedup")
+
+
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each speculative row against plain decoding's at the same workload and concurrency: throughput ratio,
-    p99 ITL ratio, mean ITL speedup, and whether the issue's targets hold (throughput >= plain, p99 ITL <=
-    1.1x plain, at one stream mean ITL >= 1.6x lower)."""
-    plain = {(r["workload"], r["concurrency"]): r for r in rows if r["method"] == "plain"}
-    out = []
+    """Each speculative row against plain decoding's of the same round, workload and concurrency: throughput
+    ratio, p99 ITL ratio, mean ITL speedup; over several rounds the median of each ratio, with its range
+    (``range``: ratio -> [lowest, highest]). Whether the issue's targets hold (throughput >= plain, p99 ITL
+    <= 1.1x plain, at one stream mean ITL >= 1.6x lower) is judged on the medians."""
+    plain = {(r.get("round", 1), r["workload"], r["concurrency"]): r for r in rows if r["method"] == "plain"}
+    ratios: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
     for r in rows:
-        ref = plain.get((r["workload"], r["concurrency"]))
+        ref = plain.get((r.get("round", 1), r["workload"], r["concurrency"]))
         if r["method"] == "plain" or ref is None or r["workload"].startswith("flood"):
             continue
-        throughput = r["tokens_per_second"] / ref["tokens_per_second"]
-        p99 = r["itl_ms_p99"] / ref["itl_ms_p99"]
-        mean = ref["itl_ms_mean"] / r["itl_ms_mean"]
-        ok = throughput >= 1.0 and p99 <= 1.1 and (r["concurrency"] != 1 or mean >= 1.6)
-        out.append({"method": r["method"], "workload": r["workload"], "concurrency": r["concurrency"],
-                    "throughput_vs_plain": throughput, "itl_p99_vs_plain": p99, "itl_mean_speedup": mean,
-                    "targets_met": ok})
+        ratios.setdefault((r["method"], r["workload"], r["concurrency"]), []).append((
+            r["tokens_per_second"] / ref["tokens_per_second"], r["itl_ms_p99"] / ref["itl_ms_p99"],
+            ref["itl_ms_mean"] / r["itl_ms_mean"]))
+    out = []
+    for (method, workload, concurrency), values in ratios.items():
+        median = dict(zip(RATIOS, (statistics.median(v[i] for v in values) for i in range(len(RATIOS)))))
+        ok = (median["throughput_vs_plain"] >= 1.0 and median["itl_p99_vs_plain"] <= 1.1
+              and (concurrency != 1 or median["itl_mean_speedup"] >= 1.6))
+        entry = {"method": method, "workload": workload, "concurrency": concurrency, **median,
+                 "targets_met": ok, "rounds": len(values)}
+        if len(values) > 1:
+            entry["range"] = {name: [min(v[i] for v in values), max(v[i] for v in values)]
+                              for i, name in enumerate(RATIOS)}
+        out.append(entry)
     return out
 
 
 def table(comparison: list[dict[str, Any]]) -> str:
-    """The comparison as a Markdown table."""
+    """The comparison as a Markdown table (over several rounds: the median, then the range in parentheses)."""
     lines = ["| method | workload | streams | throughput / plain | p99 ITL / plain | mean ITL speedup | targets |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for c in comparison:
-        lines.append(f"| {c['method']} | {c['workload']} | {c['concurrency']} | {c['throughput_vs_plain']:.2f} | "
-                     f"{c['itl_p99_vs_plain']:.2f} | {c['itl_mean_speedup']:.2f} | "
+        spans = c.get("range", {})
+        cells = [f"{c[name]:.2f}" + (f" ({spans[name][0]:.2f}-{spans[name][1]:.2f})" if name in spans else "")
+                 for name in RATIOS]
+        lines.append(f"| {c['method']} | {c['workload']} | {c['concurrency']} | {' | '.join(cells)} | "
                      f"{'met' if c['targets_met'] else 'missed'} |")
     return "\n".join(lines)
 
@@ -308,7 +326,8 @@ def pair_folders(args) -> tuple[Path, Path]:
 
 
 def run_in_process(args) -> int:
-    """``specdec bench-serve --in-process``: every method in turn (one ``LLM`` at a time), then the table."""
+    """``specdec bench-serve --in-process``: every method in turn (one ``LLM`` at a time), ``--rounds`` times
+    (every other round in reverse order), then the table."""
     from transformers.utils import logging as hf_logging
 
     from specdec.generate_cli import checked_config
@@ -329,12 +348,16 @@ def run_in_process(args) -> int:
     args.workloads = workloads_named
     for method in methods:  # a bad --k or --max-step-time-ratio fails now, not after plain decoding's run
         checked_config(speculative_config(method, args.k, "draft", args.max_step_time_ratio))
+    if args.rounds < 1:
+        raise SpecDecError(f"--rounds must be >= 1, got {args.rounds}")
     target, draft = pair_folders(args)
     workloads, rows = None, []
-    for method in methods:
-        workloads, method_rows = run_method(method, args, workloads, target, draft)
-        rows += method_rows
-        gc.collect()  # the method's LLM and its pools, before the next one is built
+    for round_number in range(1, args.rounds + 1):
+        # Every other round in reverse, so that no method always runs first after a slow spell of the machine.
+        for method in methods if round_number % 2 else methods[::-1]:
+            workloads, method_rows = run_method(method, args, workloads, target, draft, round_number)
+            rows += method_rows
+            gc.collect()  # the method's LLM and its pools, before the next one is built
     comparison = compare(rows)
     print(table(comparison))
     if args.json is not None:

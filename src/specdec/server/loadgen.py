@@ -206,6 +206,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-step-time-ratio", type=float, default=None, metavar="RATIO",
                    help="with --k auto, the speculative methods' max_step_time_ratio: draft only as much as keeps "
                    "a step's predicted time within RATIO plain steps (default: none)")
+    g.add_argument("--rounds", type=int, default=1,
+                   help="run every method this many times, interleaved (every other round in reverse order); "
+                   "ratios to plain decoding are taken within a round, then their median (default 1)")
     g.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default: the model's)")
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="chunked prefill in the benchmarked engine (default on)")
@@ -232,6 +235,9 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.shape is not None or args.shape_cache is not None:
         raise SpecDecError("--shape and --shape-cache pick the in-process benchmark's models; they take --in-process "
                            "(a server runs the model it was started with)")
+    if args.rounds != 1:
+        raise SpecDecError("--rounds interleaves the in-process benchmark's methods; it takes --in-process "
+                           "(a server runs one method)")
 
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
