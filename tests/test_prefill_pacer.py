@@ -29,20 +29,6 @@ def test_the_chunk_adds_a_share_of_a_decoding_step():
     assert pacer.budget(128, running=False) == 128  # nobody's latency to keep: the whole budget
 
 
-def test_a_prompt_token_is_priced_without_the_steps_drafting():
-    """Drafting varies with the policy's choices, not with the prompt tokens: a step that drafted 4 s less (or
-    more) than the step without prompts it is priced against still prices a token at what it adds, 0.1 s."""
-    for drafting in (0.0, 8.0):  # the step without prompts drafted 4 s of its 10
-        pacer = PrefillPacer()
-        pacer.observe(0, 10.0, 4.0)
-        pacer.observe(10, 6.0 + drafting + 1.0, drafting)  # 6 s of target, its drafting, 10 tokens of 0.1 s
-        assert pacer.line() == (pytest.approx(10.0), pytest.approx(0.1))
-    same = PrefillPacer()  # without drafting, as before
-    same.observe(0, 10.0)
-    same.observe(10, 11.0)
-    assert same.line() == (pytest.approx(10.0), pytest.approx(0.1))
-
-
 def test_the_floor_and_the_cap():
     slow = _pacer([(n, 0.001 + 0.001 * n) for n in (0, 16, 0, 32)])  # a prompt token costs a whole step
     assert slow.budget(128, running=True) == MIN_PACED_CHUNK
@@ -114,7 +100,7 @@ class _Fixed:
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
 
-    def observe(self, tokens: int, seconds: float, drafting: float = 0.0) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         pass
 
     def budget(self, cap: int, running: bool) -> int:
@@ -157,8 +143,7 @@ def test_a_real_pacer_observes_every_step_that_ran_streams(target):
     llm = LLM(target, dtype="float64", backend="fast", max_num_seqs=4, serving=True)
     observed, ran_streams = [], []
     observe = llm.scheduler.pacer.observe
-    llm.scheduler.pacer.observe = lambda tokens, seconds, drafting: observed.append(tokens) or observe(
-        tokens, seconds, drafting)
+    llm.scheduler.pacer.observe = lambda tokens, seconds: observed.append(tokens) or observe(tokens, seconds)
     step = llm.step
     llm.step = lambda: ran_streams.append(bool(llm.scheduler.running)) or step()
     _, fed = _serve(llm, None)
@@ -166,28 +151,3 @@ def test_a_real_pacer_observes_every_step_that_ran_streams(target):
     assert observed[:2] == [0, MIN_PACED_CHUNK]
     assert sum(observed) == 99 and all(0 <= n <= 128 for n in observed)
     assert fed == list(accumulate(observed))[: len(fed)]
-
-
-def test_the_pacer_is_told_each_steps_drafting_time(target):
-    """With speculation, the scheduler hands the pacer the seconds each step spent drafting: the engine's
-    ``time_drafting`` over that step, part of the step's seconds, more than nothing on most steps."""
-    llm = LLM(target, dtype="float64", backend="fast", max_num_seqs=4, serving=True,
-              speculative_config={"method": "draft_model", "model": target, "num_speculative_tokens": 2})
-    seen, steps = [], []
-    observe, step = llm.scheduler.pacer.observe, llm.scheduler.step
-    llm.scheduler.pacer.observe = lambda tokens, seconds, drafting: seen.append((seconds, drafting)) or observe(
-        tokens, seconds, drafting)
-
-    def timed_step():
-        before, observed = llm.engine.metrics.time_drafting, len(seen)
-        out = step()
-        if len(seen) > observed:
-            steps.append(llm.engine.metrics.time_drafting - before)
-        return out
-
-    llm.scheduler.step = timed_step
-    _serve(llm, None)
-    assert len(seen) == len(steps) > 2
-    assert [drafting for _, drafting in seen] == pytest.approx(steps)
-    assert all(0.0 <= drafting < seconds for seconds, drafting in seen)
-    assert sum(drafting > 0 for _, drafting in seen) > len(seen) // 2

@@ -12,11 +12,7 @@ bound a stream's latency: 128 tokens moved the embedded pair's p99 inter-token l
 - ``a``, the decoding step: a mean of the steps that fed no prompt token, decayed per step;
 - ``b``, what a prompt token adds: a decayed mean of ``(T - a) / C`` over the steps that fed ``C > 0``
   tokens within ``FRESH`` steps of one that fed none (so ``a`` is that of the same load; fitting one
-  line through all steps would read a load that grew as a cheaper token). Both steps' drafting time
-  (the drafter's propose and observe) is left out of that difference: it varies from step to step with
-  the speculation policy's choices and the drafter's catch-up, not with the prompt tokens. Counted in,
-  it priced eagle's prompt token at 1.7x plain decoding's (embedded pair, 16 streams), and the prompts
-  were fed slower (``docs/lab-notes/2026-11-28-rounds.md``);
+  line through all steps would read a load that grew as a cheaper token);
 - ``C = SHARE a / b``, within ``[MIN_PACED_CHUNK, cap]``, ``cap`` the scheduler's token budget; with no
   stream running (nobody's latency to keep), ``cap``; while ``b`` is not measured, ``MIN_PACED_CHUNK``
   (whose step measures it: the whole budget would measure it better, but every running stream waits
@@ -56,22 +52,20 @@ class PrefillPacer:
     def __init__(self) -> None:
         self.step_seconds: float | None = None  # a: the decoding step
         self.token_seconds: float | None = None  # b: what a prompt token adds to it
-        self.drafting_seconds = 0.0  # the drafting part of a, decayed alike
         self._since_plain = PROBE_EVERY  # steps since the last one that fed no prompt token
 
-    def observe(self, tokens: int, seconds: float, drafting: float = 0.0) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         """A scheduler step that ran the running streams' decoding step and fed ``tokens`` prompt tokens (0:
-        none) took ``seconds``, ``drafting`` of them drafting."""
+        none) took ``seconds``."""
         a, b = self.step_seconds, self.token_seconds
         if tokens == 0:  # the past decays per step, so a probe after a flood's steps weighs more
             keep = DECAY ** (self._since_plain + 1)
             self.step_seconds = seconds if a is None else keep * a + (1 - keep) * seconds
-            self.drafting_seconds = drafting if a is None else keep * self.drafting_seconds + (1 - keep) * drafting
             self._since_plain = 0
             return
         self._since_plain += 1
         if a is not None and self._since_plain <= FRESH:
-            sample = max((seconds - drafting) - (a - self.drafting_seconds), 0.0) / tokens
+            sample = max(seconds - a, 0.0) / tokens
             self.token_seconds = sample if b is None else DECAY * b + (1 - DECAY) * sample
 
     def line(self) -> tuple[float, float] | None:

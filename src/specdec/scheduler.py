@@ -149,7 +149,7 @@ class Scheduler:
                                f"({len(self.waiting[0].token_ids)} tokens) even alone; raise --kv-cache-memory")
         self.prefilling.extend(admitted)
         self._preempt()
-        prompts, chunks, tic, drafting = [], [], time.perf_counter(), self.engine.metrics.time_drafting
+        prompts, chunks, tic = [], [], time.perf_counter()
         streams = bool(self.running)  # streams waiting on this step: their latency is what the pacer keeps
         if self.prefilling:
             chunks = self._chunks()
@@ -164,8 +164,7 @@ class Scheduler:
         else:
             outputs, started = self.engine.step(self.running), []
         if self.pacer is not None and streams:
-            self.pacer.observe(sum(chunks or ()), time.perf_counter() - tic,
-                               self.engine.metrics.time_drafting - drafting)
+            self.pacer.observe(sum(chunks or ()), time.perf_counter() - tic)
         self._last_drafted = sum(out.num_drafted for out in outputs)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
