@@ -20,6 +20,7 @@ from specdec import prefill_pacer
 from specdec import scheduler as scheduler_module
 from specdec.adaptive import AdaptiveK
 from specdec.bench import serving
+from specdec.cli import build_parser
 
 STATE: dict = {"on": False, "reference": None, "tokens_per_row": None}
 
@@ -65,11 +66,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rounds", type=int, default=2)
     cli = parser.parse_args()
-    args = argparse.Namespace(
-        k="auto", max_step_time_ratio=None, concurrency=cli.concurrency, max_model_len=None, rounds=1,
-        enable_chunked_prefill=True, max_num_batched_tokens=None, workloads=["code"], max_tokens=32, temperature=0.0,
-        num_requests=None, goodput_ttft_ms=1000.0, goodput_itl_ms=50.0, seed=0, flood_prompt_tokens=448,
-        flood_stream_tokens=96, shape=None, shape_cache=None)
+    # bench-serve's own settings (its defaults), the code workload only
+    args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency",
+                                      *map(str, cli.concurrency)])
+    args.workloads = ["code"]
     wrap()
     target, draft = serving.pair_folders(args)
     workloads, rows = None, []
@@ -78,20 +78,17 @@ def main() -> None:
         for method, on in [("plain", False)] + [(m, on) for m in cli.methods.split(",") for on in order]:
             STATE.update(on=on, tokens_per_row=None)
             workloads, got = serving.run_method(method, args, workloads, target, draft, r)
-            rows += [dict(g, pacer="plain-referenced" if on else "shipped") for g in got]
-    plain = {(g["round"], g["concurrency"]): g for g in rows if g["method"] == "plain"}
-    ratios: dict = {}
+            rows += [dict(g, method=f"{method}, {'plain-referenced' if on else 'shipped'} pacer")
+                     if method != "plain" else g for g in got]
+    print(serving.table(serving.compare(rows)))  # medians over the rounds, each ratio within its round
+    plain = {(g["round"], g["concurrency"]): g["ttft_ms_p50"] for g in rows if g["method"] == "plain"}
+    ttft: dict = {}
     for g in rows:
         if g["method"] != "plain":
-            p = plain[(g["round"], g["concurrency"])]
-            ratios.setdefault((g["method"], g["pacer"], g["concurrency"]), []).append((
-                g["tokens_per_second"] / p["tokens_per_second"], g["itl_ms_p99"] / p["itl_ms_p99"],
-                p["itl_ms_mean"] / g["itl_ms_mean"], g["ttft_ms_p50"] / p["ttft_ms_p50"]))
-    print("| method | pacer | streams | throughput / plain | p99 ITL / plain | mean ITL speedup | TTFT p50 / plain |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for (method, pacer, c), values in sorted(ratios.items()):
-        cells = " | ".join(f"{statistics.median(v[i] for v in values):.2f}" for i in range(4))
-        print(f"| {method} | {pacer} | {c} | {cells} |")
+            ttft.setdefault((g["method"], g["concurrency"]), []).append(
+                g["ttft_ms_p50"] / plain[(g["round"], g["concurrency"])])
+    for (method, c), values in sorted(ttft.items()):
+        print(f"{method}, {c} streams: TTFT p50 / plain {statistics.median(values):.2f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from specdec import engine as engine_module
 from specdec import scheduler as scheduler_module
 from specdec.bench import serving
+from specdec.cli import build_parser
 
 STEPS: list[dict] = []
 CURRENT: dict = {}
@@ -93,11 +94,13 @@ def main() -> None:
     parser.add_argument("--shape-cache", default=None)
     parser.add_argument("--json", default=None, help="also write every step here")
     cli = parser.parse_args()
-    args = argparse.Namespace(
-        k="auto", max_step_time_ratio=cli.max_step_time_ratio, concurrency=[cli.concurrency], max_model_len=None,
-        enable_chunked_prefill=True, max_num_batched_tokens=None, workloads=["code"], max_tokens=cli.max_tokens,
-        temperature=0.0, num_requests=cli.num_requests, goodput_ttft_ms=1000.0, goodput_itl_ms=50.0, seed=0,
-        rounds=1, flood_prompt_tokens=448, flood_stream_tokens=96, shape=cli.shape, shape_cache=cli.shape_cache)
+    # bench-serve's own settings (its defaults, these flags), the code workload only
+    flags = {"--num-requests": cli.num_requests, "--max-step-time-ratio": cli.max_step_time_ratio,
+             "--shape": cli.shape, "--shape-cache": cli.shape_cache}
+    args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency", str(cli.concurrency),
+                                      "--max-tokens", str(cli.max_tokens),
+                                      *[x for flag, v in flags.items() if v is not None for x in (flag, str(v))]])
+    args.workloads = ["code"]
     wrap()
     target, draft = serving.pair_folders(args)
     workloads, runs = None, []
