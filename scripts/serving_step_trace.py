@@ -39,10 +39,9 @@ def wrap() -> None:
         tic = time.perf_counter()
         out = step(self)
         if out:
-            pacer = self.pacer
-            STEPS.append(dict(CURRENT, seconds=time.perf_counter() - tic,
-                              a=pacer.step_seconds if pacer else None, b=pacer.token_seconds if pacer else None,
-                              drafted=sum(o.num_drafted for o in out)))
+            line = self.pacer.line() if self.pacer else None
+            STEPS.append(dict(CURRENT, seconds=time.perf_counter() - tic, a=line[0] if line else None,
+                              b=line[1] if line else None, drafted=sum(o.num_drafted for o in out)))
         return out
 
     def timed_start(self, ready):

@@ -1,21 +1,23 @@
 """A CPU server's default chunked prefill is paced by measured time: a step's prompt tokens add at most
-``SHARE`` of a decoding step (at least one block, at most the token budget), a prompt token priced against a
-recent step without prompts, only while streams are running; a budget given in tokens is kept as given; and
-pacing changes no output."""
+``SHARE`` of a decoding step (at least one block, at most the token budget), a prompt token priced by a fit
+of the steps' seconds to their prompt and decoding tokens, only while streams are running; a budget given in
+tokens is kept as given; and pacing changes no output."""
 
+import random
+import statistics
 from itertools import accumulate
 
 import pytest
 from helpers import build_model
 
 from specdec import LLM, SamplingParams
-from specdec.prefill_pacer import MIN_PACED_CHUNK, PROBE_EVERY, SHARE, PrefillPacer
+from specdec.prefill_pacer import MIN_FIT_STEPS, MIN_PACED_CHUNK, PROBE_EVERY, SHARE, PrefillPacer
 
 
-def _pacer(steps: list[tuple[int, float]]) -> PrefillPacer:
+def _pacer(steps: list[tuple[int, float]], decoding: int = 4) -> PrefillPacer:
     pacer = PrefillPacer()
     for tokens, seconds in steps:
-        pacer.observe(tokens, seconds)
+        pacer.observe(tokens, decoding, seconds)
     return pacer
 
 
@@ -35,36 +37,74 @@ def test_the_floor_and_the_cap():
     assert slow.budget(8, running=True) == 8
     fast = _pacer([(n, 0.5 + 0.0001 * n) for n in (0, 16, 0, 64)])
     assert fast.budget(128, running=True) == 128
+    free = _pacer([(n, 0.005) for n in (0, 16, 0, 64)])  # prompt tokens measured free (a GPU's fused forward)
+    assert free.line() == (pytest.approx(0.005), pytest.approx(0.0, abs=1e-12))
 
 
 def test_a_probe_measures_the_decoding_step_then_the_floor_measures_a_token():
-    """The first paced step feeds no prompt token (it measures the decoding step); the next one, whose prompt
-    tokens measure what a token adds to it, the floor (not the whole budget: the streams wait on that step
-    too); then the paced chunk."""
+    """The first paced step feeds no prompt token; the next one, whose prompt tokens measure what a token adds
+    to it, the floor (not the whole budget: the streams wait on that step too); then the paced chunk."""
     fresh = PrefillPacer()
     assert fresh.line() is None and fresh.budget(128, running=True) == 0
-    fresh.observe(0, 0.005)
+    fresh.observe(0, 4, 0.005)
     assert fresh.line() is None and fresh.budget(128, running=True) == MIN_PACED_CHUNK
     assert fresh.budget(8, running=True) == 8
-    assert _pacer([(16, 0.008)] * 3).line() is None  # no step without prompts: nothing to price a token against
-    fresh.observe(MIN_PACED_CHUNK, 0.005 + 0.0001 * MIN_PACED_CHUNK)
+    assert _pacer([(16, 0.008)] * 3).line() is None  # prompt tokens never varied: nothing to price one by
+    fresh.observe(MIN_PACED_CHUNK, 4, 0.005 + 0.0001 * MIN_PACED_CHUNK)
     assert fresh.line() == (pytest.approx(0.005), pytest.approx(0.0001))
-    assert fresh.budget(128, running=True) == 25
+    assert fresh.budget(128, running=True) == pytest.approx(SHARE * 50, abs=1)
+
+
+def _speculative_steps(seed: int, steps: int) -> list[tuple[int, int, float]]:
+    """``(prompt tokens, decoding tokens, seconds)`` of a speculative server: 4 ms + 1 ms a decoding token +
+    0.1 ms a prompt token, and the steps that feed prompts run more rows and drafts (as at saturation)."""
+    rng, out = random.Random(seed), []
+    for _ in range(steps):
+        fed = rng.random() < 0.7
+        tokens = rng.randrange(16, 65) if fed else 0
+        decoding = rng.randrange(16, 41) if fed else rng.randrange(6, 25)
+        out.append((tokens, decoding, 0.004 + 0.001 * decoding + 0.0001 * tokens))
+    return out
+
+
+def test_a_prompt_token_is_priced_apart_from_a_wider_decoding_step():
+    """Steps feeding prompts verify more decoding tokens: the fit charges those to the decoding step, not to
+    the prompt tokens (priced against the mean step without prompts, a token here would cost 0.3 ms)."""
+    pacer = PrefillPacer()
+    steps = _speculative_steps(0, 3 * MIN_FIT_STEPS)
+    for tokens, decoding, seconds in steps:
+        pacer.observe(tokens, decoding, seconds)
+    a, b = pacer.line()
+    assert b == pytest.approx(0.0001, rel=1e-6)
+    plain_step = statistics.fmean(s for t, _, s in steps if t == 0)
+    naive = statistics.fmean((s - plain_step) / t for t, _, s in steps if t)
+    assert naive > 2 * b  # what the mean step without prompts would have made of it
+    assert pacer.budget(1024, running=True) == int(SHARE * a / b)
+
+
+def test_decoding_tokens_that_follow_the_prompt_tokens_are_not_told_apart():
+    """Where the decoding tokens vary only with the prompt tokens (here one row fewer per block fed), the two
+    cannot be separated: the prompt token is priced by the prompt tokens alone, not by a singular fit."""
+    pacer = PrefillPacer()
+    for i in range(3 * MIN_FIT_STEPS):
+        tokens = 16 * (i % 4)
+        pacer.observe(tokens, 30 - tokens // 16, 0.004 + 0.0002 * tokens)
+    assert pacer.line() == (pytest.approx(0.004), pytest.approx(0.0002))
 
 
 def test_under_a_flood_a_probe_every_period():
-    """Prompts at every step: every ``PROBE_EVERY`` steps one feeds none, and the token cost is measured only
-    against a recent probe (a load that grows between them is not read as dearer prompt tokens)."""
-    pacer = _pacer([(n, 0.006 + 0.0001 * n) for n in (0, 16, 0, 32)])
+    """Prompts at every step: every ``PROBE_EVERY`` steps one feeds none; a load that grows (more rows
+    decoding) is read as a dearer decoding step, not as dearer prompt tokens."""
+    pacer = _pacer([(n, 0.002 + 0.001 * 4 + 0.0001 * n) for n in (0, 16, 0, 32)])
     budgets = []
     for _ in range(3 * PROBE_EVERY):
         budgets.append(pacer.budget(128, running=True))
-        load = 0.012 if 0 in budgets else 0.006  # more streams from the first probe on
-        pacer.observe(budgets[-1], load + 0.0001 * budgets[-1])
+        decoding = 10 if 0 in budgets else 4  # more streams from the first probe on
+        pacer.observe(budgets[-1], decoding, 0.002 + 0.001 * decoding + 0.0001 * budgets[-1])
     probes = [i for i, b in enumerate(budgets) if b == 0]
     assert len(probes) == 2 and probes[1] - probes[0] == PROBE_EVERY + 1
     a, b = pacer.line()
-    assert a == pytest.approx(0.012, rel=0.05) and b == pytest.approx(0.0001, rel=0.1)
+    assert a == pytest.approx(0.012, rel=0.05) and b == pytest.approx(0.0001, rel=0.05)
 
 
 def test_measurements_decay():
@@ -72,7 +112,7 @@ def test_measurements_decay():
     pacer = _pacer([(n, 0.010 + 0.0002 * n) for n in (0, 16, 0, 32)])
     for _ in range(80):
         for n in (0, 16):
-            pacer.observe(n, 0.002 + 0.0001 * n)
+            pacer.observe(n, 4, 0.002 + 0.0001 * n)
     a, b = pacer.line()
     assert a == pytest.approx(0.002, rel=0.05) and b == pytest.approx(0.0001, rel=0.05)
 
@@ -100,7 +140,7 @@ class _Fixed:
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, decoding: int, seconds: float) -> None:
         pass
 
     def budget(self, cap: int, running: bool) -> int:
@@ -143,7 +183,8 @@ def test_a_real_pacer_observes_every_step_that_ran_streams(target):
     llm = LLM(target, dtype="float64", backend="fast", max_num_seqs=4, serving=True)
     observed, ran_streams = [], []
     observe = llm.scheduler.pacer.observe
-    llm.scheduler.pacer.observe = lambda tokens, seconds: observed.append(tokens) or observe(tokens, seconds)
+    llm.scheduler.pacer.observe = lambda tokens, decoding, seconds: (observed.append(tokens)
+                                                                     or observe(tokens, decoding, seconds))
     step = llm.step
     llm.step = lambda: ran_streams.append(bool(llm.scheduler.running)) or step()
     _, fed = _serve(llm, None)

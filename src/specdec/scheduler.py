@@ -163,9 +163,9 @@ class Scheduler:
             outputs, started = self.engine.step_feeding(self.running, prompts, chunks)
         else:
             outputs, started = self.engine.step(self.running), []
-        if self.pacer is not None and streams:
-            self.pacer.observe(sum(chunks or ()), time.perf_counter() - tic)
         self._last_drafted = sum(out.num_drafted for out in outputs)
+        if self.pacer is not None and streams:
+            self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self._finish(seq)
