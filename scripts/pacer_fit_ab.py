@@ -9,6 +9,7 @@ prompt token against the mean step without prompts).
     python scripts/pacer_fit_ab.py --shape 1b --shape-cache /tmp/inflate_1b --methods plain,draft_model,eagle \
         --concurrency 16 --num-requests 32 --max-step-time-ratio 1.25 --rounds 2
 
+Flags other than this script's own go to ``bench-serve`` (its defaults otherwise, e.g. 1, 4, 16 and 64 streams).
 The baseline's module is read with ``git show REV:src/specdec/prefill_pacer.py`` (so the repository's history
 must be there) and given the scheduler's current ``observe(tokens, decoding, seconds)``.
 """
@@ -50,19 +51,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="aadac41", help="the commit whose pacer is compared (default aadac41)")
     parser.add_argument("--methods", default="plain,eagle,draft_model,suffix", help="plain is needed for the ratios")
-    parser.add_argument("--concurrency", nargs="+", default=["16", "64"])
     parser.add_argument("--workloads", default="code", help="bench-serve workloads, comma-separated (default code)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--num-requests", default=None, help="default: bench-serve's (2 x concurrency)")
-    parser.add_argument("--max-step-time-ratio", default=None)
-    parser.add_argument("--shape", default=None, help="an inflated shape (1b, ...); default the embedded pair")
-    parser.add_argument("--shape-cache", default=None)
     parser.add_argument("--json", default=None, help="also write every row here")
-    cli = parser.parse_args()
-    flags = {"--num-requests": cli.num_requests, "--max-step-time-ratio": cli.max_step_time_ratio,
-             "--shape": cli.shape, "--shape-cache": cli.shape_cache}
-    args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency", *cli.concurrency,
-                                      *[x for flag, v in flags.items() if v is not None for x in (flag, v)]])
+    cli, rest = parser.parse_known_args()
+    # every other flag is bench-serve's own: --concurrency, --num-requests, --shape, --max-step-time-ratio, ...
+    args = build_parser().parse_args(["bench-serve", "--in-process", *rest])
     args.workloads = cli.workloads.split(",")
     pacers = {"this checkout": scheduler_module.PrefillPacer, cli.baseline: baseline_pacer(cli.baseline)}
     target, draft = serving.pair_folders(args)
