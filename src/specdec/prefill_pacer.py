@@ -13,8 +13,8 @@ decoding tokens ``D`` (one per running row plus the drafts it verified). The pac
 ``T = c + e D + b C`` by least squares over the recent steps (weights decaying by ``DECAY`` per step):
 
 - ``b``, what a prompt token adds to a step;
-- ``a = c + e D_last``, the decoding step at the last step's decoding tokens (with ``e`` not fitted, below:
-  ``mean(T) - b mean(C)``, the mean step with its prompt tokens taken out);
+- ``a = c + e D_last``, the decoding step at the last step's decoding tokens (with ``D`` not in the fit, below:
+  the line of ``T`` against ``C`` alone, :class:`~specdec.step_cost.LineFit`, whose ``b`` is at least 0);
 - ``C = SHARE a / b``, within ``[MIN_PACED_CHUNK, cap]``, ``cap`` the scheduler's token budget; with no stream
   running (nobody's latency to keep), ``cap``; while ``b`` is not measured, ``MIN_PACED_CHUNK`` (whose step
   measures it: the whole budget would measure it better, but every running stream waits through that step,
@@ -38,6 +38,8 @@ The floor keeps a prompt moving however slow a prefill is: a chunk of ``MIN_PACE
 """
 
 from __future__ import annotations
+
+from specdec.step_cost import LineFit
 
 MIN_PACED_CHUNK = 16
 """Prompt tokens a paced step feeds at least (one KV block): the prompt's progress when even that
@@ -64,9 +66,8 @@ class PrefillPacer:
     """The prompt tokens of the next step, from a decayed least-squares fit of the steps' seconds."""
 
     def __init__(self) -> None:
-        # decayed sums over the steps: weight, then of D, C, T and their products
-        self._w = self._d = self._c = self._t = 0.0
-        self._dd = self._dc = self._cc = self._dt = self._ct = 0.0
+        self.fit = LineFit(DECAY)  # T against C, which the decoding tokens' sums below extend
+        self._d_sums = [0.0] * 4  # decayed as the fit's: ΣD, ΣD², ΣDC, ΣDT
         self._steps = 0  # steps measured
         self._last_decoding = 0.0  # the decoding tokens of the last step measured
         self._since_plain = PROBE_EVERY  # steps since the last one that fed no prompt token
@@ -76,34 +77,28 @@ class PrefillPacer:
         ``tokens`` prompt tokens (0: none) took ``seconds``."""
         self._since_plain = 0 if tokens == 0 else self._since_plain + 1
         self._steps += 1
-        self._last_decoding = float(decoding)
-        d, c, t = float(decoding), float(tokens), seconds
-        self._w = DECAY * self._w + 1.0
-        self._d, self._c, self._t = DECAY * self._d + d, DECAY * self._c + c, DECAY * self._t + t
-        self._dd, self._dc, self._cc = DECAY * self._dd + d * d, DECAY * self._dc + d * c, DECAY * self._cc + c * c
-        self._dt, self._ct = DECAY * self._dt + d * t, DECAY * self._ct + c * t
+        self._last_decoding = d = float(decoding)
+        self.fit.add(tokens, seconds)
+        self._d_sums = [s * DECAY + v for s, v in zip(self._d_sums, (d, d * d, d * tokens, d * seconds))]
 
     def line(self) -> tuple[float, float] | None:
-        """``(a, b)``: the step ``a + b C`` seconds, or None until a step without prompt tokens and one with
-        them were measured."""
-        w = self._w
-        if w == 0.0:
+        """``(a, b)``: the step ``a + b C`` seconds, or None until steps feeding different numbers of prompt
+        tokens were measured."""
+        if not self.fit.spread:  # C never varied: nothing to price a token by
             return None
-        mean_d, mean_c, mean_t = self._d / w, self._c / w, self._t / w
-        var_c = self._cc / w - mean_c * mean_c
-        if var_c <= 1e-9 * max(1.0, mean_c * mean_c):  # C never varied: nothing to price a token by
-            return None
-        cov_ct = self._ct / w - mean_c * mean_t
-        b = cov_ct / var_c
-        var_d = self._dd / w - mean_d * mean_d
-        cov_dc = self._dc / w - mean_d * mean_c
+        a, b = self.fit.line()  # from C alone (b >= 0)
+        w, sum_c, sum_cc, sum_t, sum_ct = self.fit.sums
+        sum_d, sum_dd, sum_dc, sum_dt = self._d_sums
+        mean_d, mean_c, mean_t = sum_d / w, sum_c / w, sum_t / w
+        var_c, var_d = sum_cc / w - mean_c * mean_c, sum_dd / w - mean_d * mean_d
+        cov_dc = sum_dc / w - mean_d * mean_c
         det = var_d * var_c - cov_dc * cov_dc
-        e = 0.0  # what a decoding token adds
         if self._steps >= MIN_FIT_STEPS and var_d > 0 and det > (1 - COLLINEAR) * var_d * var_c:
-            cov_dt = self._dt / w - mean_d * mean_t
+            cov_ct, cov_dt = sum_ct / w - mean_c * mean_t, sum_dt / w - mean_d * mean_t
             b = (var_d * cov_ct - cov_dc * cov_dt) / det
-            e = (var_c * cov_dt - cov_dc * cov_ct) / det
-        return mean_t - b * mean_c + e * (self._last_decoding - mean_d), b
+            e = (var_c * cov_dt - cov_dc * cov_ct) / det  # what a decoding token adds
+            a = mean_t - b * mean_c + e * (self._last_decoding - mean_d)
+        return a, b
 
     def budget(self, cap: int, running: bool) -> int:
         """Prompt tokens for the next step: ``cap`` at most; paced only while ``running`` streams wait (0: a probe)."""
