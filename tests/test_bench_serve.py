@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.bench.serving import ChatClient, Client, compare, drive, summarize, table
+from specdec.bench.serving import ChatClient, Client, compare, drive, flood_streams, summarize, table
 from specdec.cli import main
 
 
@@ -48,6 +48,17 @@ def test_flood_stops_with_the_measured_streams(tiny):
     traces, _ = drive(tiny, streams + [flood], params, measured=streams)
     assert len(traces) == 2 and all(t.tokens == 4 for t in traces)
     assert 0 < 50 - len(flood.prompts) < 50  # it flooded, and stopped once the streams were done
+
+
+def test_flood_clients_run_their_streams_in_turn(tiny):
+    """Each measured client of the flood workload runs ``streams`` prompts one after the other (client ``i``:
+    prompts ``i``, ``i + clients``, ...), so its p99 is taken over that many streams' gaps."""
+    prompts = [[p + 1] * 3 for p in range(5)]
+    clients = flood_streams(prompts, 2, 3)
+    assert [c.prompts for c in clients] == [[prompts[0], prompts[2], prompts[4]], [prompts[1], prompts[3], prompts[0]]]
+    traces, _ = drive(tiny, clients, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(traces) == 6 and all(t.tokens == 4 and len(t.itl) <= 3 for t in traces) and not any(
+        c.prompts for c in clients)
 
 
 def test_compare_checks_the_targets():
@@ -123,6 +134,8 @@ def test_bench_serve_rounds_interleave_the_methods(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--in-process", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--in-process", "--flood-streams", "0"], "--flood-streams must be >= 1, got 0"),
+    (["--in-process", "--flood-stream-tokens", "-2"], "--flood-stream-tokens must be >= 1, got -2"),
     (["--rounds", "3"], "--rounds interleaves the in-process benchmark's methods; it takes --in-process"),
 ])
 def test_bench_serve_bad_rounds(argv, message, capsys):

@@ -2,7 +2,9 @@
 weights in float32 and (where oneDNN supports it) bfloat16, every layer product then runs on the packed
 weights, and the logits and greedy tokens are the plain weights' (within the dtype's rounding); the shared
 embeddings and output head stay plain tensors for the head drafters, draft vocabularies and row subsets
-that read them, and the output head's own product reads a packed copy of it."""
+that read them, and the output head's own product reads a packed copy of it. A drafter's own small
+modules and its draft vocabulary's head rows run their products packed too, with their greedy output
+unchanged."""
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from helpers import build_model
 
 from specdec.models import cpu_linear, layers
 from specdec.models.base import ForwardBatch
-from specdec.models.cpu_linear import is_packed, linear, pack, packs
+from specdec.models.cpu_linear import PackedLinear, is_packed, linear, pack, pack_linears, packs
 from specdec.models.fast_llama import FastLlamaLM
 from specdec.models.loader import load_causal_lm
 
@@ -132,3 +134,53 @@ def test_an_eagle_layer_reads_its_targets_packed_head():
     llm = LLM(default_pair()[0], speculative_config={"method": "eagle"}, dtype="float32", max_num_seqs=1)
     target, layer = llm.engine.target, llm.engine.drafter.layer
     assert is_packed(target.packed_head) and layer.packed_head is target.packed_head
+
+
+@pytest.mark.parametrize("dtype", PACKED)
+def test_pack_linears_packs_a_modules_linears_but_the_skipped(dtype):
+    torch.manual_seed(3)
+    module = torch.nn.Module()
+    module.body = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.SiLU(),
+                                      torch.nn.Sequential(torch.nn.Linear(96, 32, bias=False)))
+    module.keep = torch.nn.Linear(32, 8)
+    module = module.to(dtype)
+    x = torch.randn(5, 64).to(dtype)
+    expected = module.keep(module.body(x))
+    assert pack_linears(module, skip=("keep",)) is module
+    body = module.body
+    assert isinstance(body[0], PackedLinear) and is_packed(body[0].weight) and body[0].bias is not None
+    assert isinstance(body[2][0], PackedLinear) and body[2][0].bias is None  # nested modules too
+    assert type(module.keep) is torch.nn.Linear and not is_packed(module.keep.weight)  # skipped: plain
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(module.keep(body(x)), expected, atol=tolerance, rtol=tolerance)
+    plain = pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).double()))  # float64: plain weights
+    assert isinstance(plain[0], PackedLinear) and not is_packed(plain[0].weight)
+
+
+@pytest.mark.parametrize(("method", "extra"), [("eagle", {}), ("medusa", {}), ("mtp", {}),
+                                               ("layer_skip", {"early_exit": True})])
+def test_drafter_modules_and_draft_vocabularies_run_packed(method, extra):
+    """The embedded pair's trained drafters in float32: their own linears (an EAGLE layer's fc, Medusa's blocks,
+    MTP's depths, the early exit's adapter) and their draft vocabulary's head rows are read packed, the EAGLE
+    layer's decoder stays the fast backend's to pack, and greedy output is plain decoding's."""
+    from specdec import LLM, SamplingParams
+    from specdec.assets import default_pair
+
+    target = default_pair()[0]
+    llm = LLM(target, speculative_config={"method": method, "num_speculative_tokens": 3, **extra},
+              dtype="float32", max_num_seqs=2)
+    drafter = llm.engine.drafter
+    module = drafter.adapter if method == "layer_skip" else drafter.module
+    linears = [m for m in module.modules() if isinstance(m, (PackedLinear, torch.nn.Linear))]
+    if method == "eagle":
+        assert {type(m) for m in module.decoder.modules()} & {PackedLinear} == set()
+        linears = [m for m in linears if not any(m is d for d in module.decoder.modules())]
+    assert linears and all(isinstance(m, PackedLinear) and is_packed(m.weight) for m in linears)
+    assert is_packed(drafter.vocab.scorer) and not is_packed(drafter.vocab.head)
+    assert drafter.vocab.scorer.shape == drafter.vocab.head.shape
+    prompts = ["def add(a, b):\n", "class Stack:\n    def push(self, x):\n"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(target, dtype="float32", max_num_seqs=2).generate(prompts, params)
+    out = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.metrics.num_accepted_tokens > 0

@@ -230,6 +230,39 @@ def test_eagle1_drafts_equal_the_reference_forward(model_dirs, llama, tmp_path):
             assert drafts == expected, f"context {context}"
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
+def test_published_eagle_heads_run_packed_in_float32(model_dirs, llama, tmp_path, monkeypatch, kind):  # noqa: F811
+    """In float32 on a CPU an inference head's matrices (and EAGLE-1's use of the target's head) are read packed:
+    its drafts are those of the same head with every weight plain, and greedy output is the target's."""
+    from specdec.models import cpu_linear
+    from specdec.models.cpu_linear import is_packed
+
+    folder = tmp_path / kind
+    method = "eagle3" if kind == "eagle3" else "eagle"
+    (make_eagle3(llama, folder, seed=1, draft_vocab=64, scale=2.0) if kind == "eagle3"
+     else make_eagle1(llama, folder, seed=2, scale=2.0))
+    spec = {"method": method, "model": str(folder), "num_speculative_tokens": 3}
+
+    def run(packs: bool):
+        if not packs:
+            monkeypatch.setattr(cpu_linear, "packs", lambda device, dtype: False)
+        llm = LLM(model_dirs["llama"]["target"], dtype="float32", max_num_seqs=4, speculative_config=spec)
+        layer = llm.engine.drafter.layer
+        assert {is_packed(w) for w in layer.module.matrices.values()} == {packs}
+        assert is_packed(layer.target_head) == packs
+        return record_drafts(llm, PROMPTS[:4]), llm
+
+    packed, llm = run(True)
+    plain, _ = run(False)
+    assert packed == plain
+    monkeypatch.undo()
+    reference = LLM(model_dirs["llama"]["target"], dtype="float32", max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=20)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:4]]
+    assert ([o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            == [o.outputs[0].token_ids for o in reference.generate(prompts, params)])
+
+
 @pytest.mark.parametrize("layout", ["fasterdecoding", "vllm"])
 def test_medusa_drafts_equal_the_reference_forward(model_dirs, llama, tmp_path, layout):  # noqa: F811
     """Head ``i`` drafts the argmax of its own output head over its residual blocks on the feature of the token

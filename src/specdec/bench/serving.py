@@ -7,8 +7,9 @@ Workloads (closed loop: ``c`` clients, each sending its next request when its la
 - ``code``: single-turn completions of held-out code prompts, ``max_tokens`` each (``ignore_eos``).
 - ``chat``: multi-turn conversations sharing one system prefix; each turn's prompt is the prefix, the
   conversation so far (questions and the model's own answers) and a new question.
-- ``flood``: ``c`` long-running streams, measured alone and then while clients keep sending long prompts
-  (one token each): how much the prompt flood moves the running streams' p99 inter-token latency.
+- ``flood``: ``c`` clients each running ``--flood-streams`` long streams one after the other, measured alone
+  and then while clients keep sending long prompts (one token each): how much the prompt flood moves the
+  running streams' p99 inter-token latency.
 
 Per method and concurrency: throughput (generated tokens per second of wall time), TTFT and ITL p50,
 p99 and mean, and goodput (requests per second whose TTFT and mean ITL both meet ``--goodput-ttft-ms`` and
@@ -199,6 +200,13 @@ def build_workloads(llm, args) -> dict[str, Any]:
     return {"code": ids, "chat_prefix": prefix, "chat_questions": [q[:40] for q in ids], "long": long}
 
 
+def flood_streams(prompts: list[list[int]], clients: int, streams: int) -> list[Client]:
+    """The flood workload's ``clients`` measured clients, each running ``streams`` of ``prompts`` in turn (client
+    ``i`` prompts ``i``, ``i + clients``, ...): at one stream a p99 over one stream of 96 gaps is about its largest
+    gap."""
+    return [Client([prompts[(i + j * clients) % len(prompts)] for j in range(streams)]) for i in range(clients)]
+
+
 def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
                draft: Path, round_number: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready),
@@ -239,10 +247,10 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
             else:
                 stream_params = SamplingParams(max_tokens=args.flood_stream_tokens, temperature=args.temperature,
                                                ignore_eos=True)
-                alone, seconds = drive(llm, [Client([p]) for p in workloads["code"][:c]], stream_params)
+                alone, seconds = drive(llm, flood_streams(workloads["code"], c, args.flood_streams), stream_params)
                 record("flood-baseline", c, alone, seconds, before)
                 before = llm.batch_metrics.to_dict()
-                streams = [Client([p]) for p in workloads["code"][:c]]
+                streams = flood_streams(workloads["code"], c, args.flood_streams)
                 one = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
                 flood = [Client(copy.deepcopy(workloads["long"]), one) for _ in range(FLOOD_CLIENTS)]
                 mixed, seconds = drive(llm, streams + flood, stream_params, measured=streams)
@@ -348,8 +356,9 @@ def run_in_process(args) -> int:
     args.workloads = workloads_named
     for method in methods:  # a bad --k or --max-step-time-ratio fails now, not after plain decoding's run
         checked_config(speculative_config(method, args.k, "draft", args.max_step_time_ratio))
-    if args.rounds < 1:
-        raise SpecDecError(f"--rounds must be >= 1, got {args.rounds}")
+    for name in ("rounds", "flood_prompt_tokens", "flood_stream_tokens", "flood_streams"):
+        if getattr(args, name) < 1:
+            raise SpecDecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     target, draft = pair_folders(args)
     workloads, rows = None, []
     for round_number in range(1, args.rounds + 1):

@@ -221,6 +221,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--flood-prompt-tokens", type=int, default=448, help="tokens of each flood prompt (default 448)")
     g.add_argument("--flood-stream-tokens", type=int, default=96,
                    help="tokens each measured stream generates in the flood workload (default 96)")
+    g.add_argument("--flood-streams", type=int, default=1,
+                   help="streams each of the flood workload's c clients runs, one after the other, so that its p99 "
+                   "is taken over this many times more gaps (default 1)")
     add_shape_flags(g, "the embedded pair as it ships")
     p.set_defaults(func=run_bench_serve)
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -34,7 +33,7 @@ from specdec.drafters.base import Drafter, LoadOptions, SpeculativeConfig
 from specdec.drafters.draft_vocab import DraftVocab, full_logits
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
-from specdec.models.cpu_linear import linear
+from specdec.models.cpu_linear import linear, pack_linears
 from specdec.sequence import Sequence
 
 CONFIG_FILE = "config.json"
@@ -166,13 +165,16 @@ def load_spec_and_state(folder: Path, method: str, lm_head: torch.Tensor,
     return spec, state
 
 
-def load_module(module: nn.Module, state: dict[str, torch.Tensor], folder: Path) -> nn.Module:
-    """``module`` with ``state`` loaded (the target's shared tensors excepted), in eval mode."""
+def load_module(module: nn.Module, state: dict[str, torch.Tensor], folder: Path, keep_plain: tuple[str, ...] = ()
+                ) -> nn.Module:
+    """``module`` with ``state`` loaded (the target's shared tensors excepted), in eval mode, for inference: its
+    ``nn.Linear`` layers packed for the CPU's products (:func:`~specdec.models.cpu_linear.pack_linears`), but
+    under the children named in ``keep_plain`` (a decoder the fast backend reads and packs itself)."""
     expected = module.trained_state() if hasattr(module, "trained_state") else module.state_dict()
     if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in state):
         raise SpecDecError(f"the head weights in {str(folder)!r} do not match its config.json")
     module.load_state_dict(state, strict=False)
-    return module.eval().requires_grad_(False)
+    return pack_linears(module.eval().requires_grad_(False), skip=keep_plain)
 
 
 class HeadDrafter(Drafter):
@@ -240,7 +242,7 @@ class HeadDrafter(Drafter):
         """``features`` ``[..., H]`` scored by the target's head (its draft vocabulary's rows, ``-inf`` for the
         other tokens): ``[..., V]``."""
         if self.vocab is not None:
-            return full_logits(self.vocab, F.linear(features, self.vocab.head))
+            return full_logits(self.vocab, linear(features, self.vocab.scorer))
         return linear(features, self.lm_head if self.target.packed_head is None else self.target.packed_head)
 
     @property

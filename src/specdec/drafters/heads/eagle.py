@@ -147,7 +147,8 @@ class EagleDrafter(HeadDrafter):
         if layers != spec.feature_layers:
             raise SpecDecError(f"the eagle heads in {str(folder)!r}: feature layers {spec.feature_layers} must be "
                                "distinct non-negative indices")
-        module = load_module(EagleLayer(eagle_config(spec), embed, lm_head, len(layers)), state, folder)
+        module = load_module(EagleLayer(eagle_config(spec), embed, lm_head, len(layers)), state, folder,
+                             keep_plain=("decoder",))
         return cls(target, spec, module, options.num_slots, options.max_model_len,
                    prefix_caching=options.prefix_caching)
 
@@ -157,7 +158,8 @@ class EagleDrafter(HeadDrafter):
         layout (:mod:`.published_eagle`), run over its own pool."""
         _, lm_head = target_weights(target)
         module, spec, embed = load_eagle(folder, target, lm_head, cls.method, eagle3_only=cls.method == "eagle3")
-        layer = PublishedEagleLM(module, lm_head, f"{spec.method} head {str(folder)!r}")
+        head = lm_head if target.packed_head is None else target.packed_head  # what EAGLE-1's product reads
+        layer = PublishedEagleLM(module, head, f"{spec.method} head {str(folder)!r}")
         return cls(target, spec, module, options.num_slots, options.max_model_len, layer=layer, embed=embed)
 
     def add(self, seqs: list[Sequence]) -> None:

@@ -30,6 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache, to_device
+from specdec.models.cpu_linear import linear, pack
 
 EAGLE3 = "eagle3"
 EAGLE1 = "eagle1"
@@ -46,22 +47,28 @@ class PublishedEagle(nn.Module):
     published names without the layer prefix (``self_attn.q_proj.weight``, ``fc.weight``, ``norm.weight``,
     ``lm_head.weight``, ...), and ``draft_ids`` ``[V']``: the target token of each row of the head's own
     ``lm_head`` (EAGLE-3; None for EAGLE-1, which scores with the target's head, or for a draft vocabulary
-    that is the target's). ``trainable``: the weights take gradients (``specdec train eagle --format eagle3``)."""
+    that is the target's). ``trainable``: the weights take gradients (``specdec train eagle --format eagle3``);
+    else the matrices are packed for a CPU's products where that pays (:func:`~specdec.models.cpu_linear.pack`),
+    and only :meth:`linear` reads them."""
 
     def __init__(self, kind: str, config: LlamaConfig, tensors: dict[str, torch.Tensor],
                  draft_ids: torch.Tensor | None, trainable: bool = False) -> None:
         super().__init__()
         self.kind, self.config = kind, config
         self.weights = nn.ParameterDict({k.replace(".", "/"): nn.Parameter(v, requires_grad=trainable)
-                                         for k, v in tensors.items()})
+                                         for k, v in tensors.items() if trainable or v.dim() != 2})
+        self.matrices = {} if trainable else {k: pack(v) for k, v in tensors.items() if v.dim() == 2}
         self.register_buffer("draft_ids", draft_ids)
 
     def get(self, name: str) -> torch.Tensor | None:
-        """The tensor ``name`` (a published name), or None when the folder has none."""
+        """The tensor ``name`` (a published name), or None when the folder has none (a matrix of an inference
+        head: :meth:`linear` reads it)."""
         return self.weights.get(name.replace(".", "/"))
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.linear(x, self.get(f"{name}.weight"), self.get(f"{name}.bias"))
+        """``x`` ``[..., in]`` through the matrix ``name`` (``fc``, ``self_attn.q_proj``, ...) and its bias."""
+        weight = self.matrices.get(f"{name}.weight")
+        return linear(x, self.get(f"{name}.weight") if weight is None else weight, self.get(f"{name}.bias"))
 
     def fused(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """The feature ``[..., H]`` of the target's hidden states: EAGLE-3's ``fc`` over the three layers
@@ -110,8 +117,8 @@ class PublishedEagle(nn.Module):
         and places row ``i`` at target token ``draft_ids[i]`` (``-inf`` elsewhere); EAGLE-1 scores ``out`` with
         the target's head."""
         if self.kind != EAGLE3:
-            return F.linear(out, target_head)
-        draft = F.linear(rms_norm(out, self.get("norm.weight"), self.config.rms_norm_eps), self.get("lm_head.weight"))
+            return linear(out, target_head)
+        draft = self.linear(rms_norm(out, self.get("norm.weight"), self.config.rms_norm_eps), "lm_head")
         if self.draft_ids is None:
             return draft
         full = draft.new_full((draft.shape[0], vocab_size), float("-inf"))
@@ -131,7 +138,8 @@ class PublishedEagleLM(CausalLM):
     """The layer of a :class:`PublishedEagle` as a backend over its own :class:`LayerPool`: a batch's
     ``input_hidden`` ``[N, D]`` (:meth:`PublishedEagle.inputs`) in, logits ``[M, V]`` and the next
     feature (the layer's output before any norm) ``[M, 1, H]`` out. Chains and tree masks, ragged rows
-    (padded to the longest; eager torch, no graphs)."""
+    (padded to the longest; eager torch, no graphs). ``target_head``: the target's output head ``[V, H]``
+    (its packed copy on a CPU), which EAGLE-1 scores with."""
 
     supports_tree_mask = True
 
