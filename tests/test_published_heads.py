@@ -230,26 +230,31 @@ def test_eagle1_drafts_equal_the_reference_forward(model_dirs, llama, tmp_path):
             assert drafts == expected, f"context {context}"
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
-def test_published_eagle_heads_run_packed_in_float32(model_dirs, llama, tmp_path, monkeypatch, kind):  # noqa: F811
-    """In float32 on a CPU an inference head's matrices (and EAGLE-1's use of the target's head) are read packed:
-    its drafts are those of the same head with every weight plain, and greedy output is the target's."""
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1", "medusa"])
+def test_published_heads_run_packed_in_float32(model_dirs, llama, tmp_path, monkeypatch, kind):  # noqa: F811
+    """In float32 on a CPU an inference head's matrices (EAGLE-1's use of the target's head included) are read
+    packed: its drafts are those of the same head with every weight plain, and greedy output is the target's."""
     from specdec.models import cpu_linear
-    from specdec.models.cpu_linear import is_packed
+    from specdec.models.cpu_linear import PackedLinear, is_packed
 
-    folder = tmp_path / kind
-    method = "eagle3" if kind == "eagle3" else "eagle"
-    (make_eagle3(llama, folder, seed=1, draft_vocab=64, scale=2.0) if kind == "eagle3"
-     else make_eagle1(llama, folder, seed=2, scale=2.0))
+    folder, method = tmp_path / kind, "eagle" if kind == "eagle1" else kind
+    {"eagle3": lambda: make_eagle3(llama, folder, seed=1, draft_vocab=64, scale=2.0),
+     "eagle1": lambda: make_eagle1(llama, folder, seed=2, scale=2.0),
+     "medusa": lambda: make_medusa(llama, folder, seed=3, layout="vllm", scale=2.0)}[kind]()
     spec = {"method": method, "model": str(folder), "num_speculative_tokens": 3}
+
+    def matrices(drafter) -> list[torch.Tensor]:
+        if kind == "medusa":
+            blocks = [m for m in drafter.module.modules() if isinstance(m, (PackedLinear, torch.nn.Linear))]
+            assert blocks and all(isinstance(m, PackedLinear) for m in blocks)
+            return [m.weight for m in blocks] + drafter.module.heads
+        return [*drafter.layer.module.matrices.values(), drafter.layer.target_head]
 
     def run(packs: bool):
         if not packs:
             monkeypatch.setattr(cpu_linear, "packs", lambda device, dtype: False)
         llm = LLM(model_dirs["llama"]["target"], dtype="float32", max_num_seqs=4, speculative_config=spec)
-        layer = llm.engine.drafter.layer
-        assert {is_packed(w) for w in layer.module.matrices.values()} == {packs}
-        assert is_packed(layer.target_head) == packs
+        assert {is_packed(w) for w in matrices(llm.engine.drafter)} == {packs}
         return record_drafts(llm, PROMPTS[:4]), llm
 
     packed, llm = run(True)

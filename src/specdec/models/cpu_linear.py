@@ -19,9 +19,10 @@ head drafters, draft vocabularies and ``output_head`` row subsets read); the out
 reads a second, packed copy where it is small enough (:func:`packed_copy`), and so does a draft
 vocabulary's product (:class:`~specdec.drafters.draft_vocab.DraftVocab`). A drafter's own small modules (an
 EAGLE layer's ``fc``, Medusa's blocks, MTP's depths, an early exit's adapter) run their products packed
-after :func:`pack_linears`. At 4 rows on the AVX2 EPYC, drafting with the embedded EAGLE layer, its ``fc``
-``[512, 1024]`` took 0.62 ms through ``F.linear`` and 0.24 ms packed, its draft vocabulary's 1,024 head rows
-0.73 and 0.23 ms (``docs/lab-notes/2026-11-29-packed-drafters.md``).
+after :func:`pack_linears`, and so do a published EAGLE or Medusa head's matrices. At 4 rows on the AVX2
+EPYC, drafting with the embedded EAGLE layer, its ``fc`` ``[512, 1024]`` took 0.62 ms through ``F.linear`` and
+0.24 ms packed, its draft vocabulary's 1,024 head rows 0.73 and 0.23 ms
+(``docs/lab-notes/2026-11-29-packed-drafters.md``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from specdec.drafters.heads.common import CONFIG_FILE, HeadSpec
 from specdec.drafters.heads.published_eagle import EAGLE1, EAGLE3, PublishedEagle
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
+from specdec.models.cpu_linear import linear, pack, pack_linears
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -240,7 +241,8 @@ def _draft_ids(folder: Path, tensors: dict[str, torch.Tensor], vocab: int) -> to
 
 class ResidualMedusa(nn.Module):
     """Published Medusa heads: head ``i`` is ``len(blocks[i])`` residual blocks ``x + silu(W x + b)`` and its own
-    output head ``[V, H]``; ``forward`` gives every head's logits."""
+    output head ``[V, H]``; ``forward`` gives every head's logits. For inference only: the matrices are packed
+    for a CPU's products where that pays (:mod:`specdec.models.cpu_linear`)."""
 
     def __init__(self, blocks: list[list[tuple[torch.Tensor, torch.Tensor | None]]], heads: list[torch.Tensor]) -> None:
         super().__init__()
@@ -248,22 +250,23 @@ class ResidualMedusa(nn.Module):
         for layers in blocks:
             linears = nn.ModuleList()
             for weight, bias in layers:
-                linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-                linear.weight = nn.Parameter(weight, requires_grad=False)
+                layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+                layer.weight = nn.Parameter(weight, requires_grad=False)
                 if bias is not None:
-                    linear.bias = nn.Parameter(bias, requires_grad=False)
-                linears.append(linear)
+                    layer.bias = nn.Parameter(bias, requires_grad=False)
+                linears.append(layer)
             self.blocks.append(linears)
-        self.heads = nn.ParameterList(nn.Parameter(h, requires_grad=False) for h in heads)
+        pack_linears(self.blocks)
+        self.heads = [pack(h) for h in heads]  # each [V, H], plain or packed
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """``features`` ``[..., H]`` -> logits ``[..., K, V]`` (head ``i`` for the token ``i + 2`` ahead)."""
         out = []
         for linears, head in zip(self.blocks, self.heads):
             x = features
-            for linear in linears:
-                x = x + F.silu(linear(x))
-            out.append(F.linear(x, head))
+            for block in linears:
+                x = x + F.silu(block(x))
+            out.append(linear(x, head))
         return torch.stack(out, dim=-2)
 
 
