@@ -115,11 +115,10 @@ class PackedLinear(nn.Module):
     """An inference-only ``nn.Linear``: ``weight`` ``[out, in]`` packed where :func:`packs` says so (else
     plain), ``bias`` ``[out]`` or None; ``forward`` ``[..., in]`` -> ``[..., out]`` through :func:`linear`."""
 
-    def __init__(self, layer: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.weight = pack(layer.weight.detach())
-        self.bias = None if layer.bias is None else layer.bias.detach()
-        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight = pack(weight.detach())
+        self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
@@ -133,7 +132,7 @@ def pack_linears(module: nn.Module, skip: tuple[str, ...] = ()) -> nn.Module:
         if name in skip:
             continue
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
+            setattr(module, name, PackedLinear(child.weight, child.bias))
         else:
             pack_linears(child)
     return module

@@ -34,7 +34,7 @@ from specdec.drafters.heads.common import CONFIG_FILE, HeadSpec
 from specdec.drafters.heads.published_eagle import EAGLE1, EAGLE3, PublishedEagle
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
-from specdec.models.cpu_linear import linear, pack, pack_linears
+from specdec.models.cpu_linear import PackedLinear, linear, pack
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -246,17 +246,8 @@ class ResidualMedusa(nn.Module):
 
     def __init__(self, blocks: list[list[tuple[torch.Tensor, torch.Tensor | None]]], heads: list[torch.Tensor]) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList()
-        for layers in blocks:
-            linears = nn.ModuleList()
-            for weight, bias in layers:
-                layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-                layer.weight = nn.Parameter(weight, requires_grad=False)
-                if bias is not None:
-                    layer.bias = nn.Parameter(bias, requires_grad=False)
-                linears.append(layer)
-            self.blocks.append(linears)
-        pack_linears(self.blocks)
+        self.blocks = nn.ModuleList(nn.ModuleList(PackedLinear(weight, bias) for weight, bias in layers)
+                                    for layers in blocks)
         self.heads = [pack(h) for h in heads]  # each [V, H], plain or packed
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
