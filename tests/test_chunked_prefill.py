@@ -76,7 +76,8 @@ def test_chunked_equals_whole_prompts(model_dirs, tmp_path_factory, llama, metho
 
     fused = []
     split = fast_llama.segments
-    monkeypatch.setattr(fast_llama, "segments", lambda batch: (batch.chunk_rows and fused.append(1)) or split(batch))
+    monkeypatch.setattr(fast_llama, "segments",
+                        lambda batch, starts: (batch.chunk_rows and fused.append(1)) or split(batch, starts))
     config = spec(model_dirs, method, tmp_path_factory, llama)
     greedy = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * len(PROMPTS)
     sampled = [SamplingParams(max_tokens=12, temperature=0.9, seed=100 + i, ignore_eos=True)

@@ -169,7 +169,7 @@ def _serve(llm: LLM, pace: int | None) -> tuple[list[list[int]], list[int]]:
 @pytest.mark.parametrize("backend", ["fast", "hf"])
 def test_the_scheduler_feeds_the_paced_chunks_and_outputs_do_not_change(target, backend):
     """Fused into the decoding step's forward (fast backend) or fed apart (transformers), the same chunks."""
-    paced, fed = _serve(LLM(target, dtype="float64", backend=backend, max_num_seqs=4), MIN_PACED_CHUNK)
+    paced, fed = _serve(LLM(target, dtype="float64", backend=backend, max_num_seqs=4), 16)
     assert fed[:3] == [16, 32, 48]  # one block a step beside the two streams
     whole, _ = _serve(LLM(target, dtype="float64", backend=backend, max_num_seqs=4, enable_chunked_prefill=False),
                       None)

@@ -1,15 +1,17 @@
 """A fast forward of a decoding step's rows with prompt chunks as its last rows (``ForwardBatch.chunk_rows``,
 :mod:`specdec.models.segments`) equals the step and the chunks as forwards of their own: the step's logits,
 every wanted token's hidden states, and the cache both leave (a later step reads it), in every family of the
-fast backend (windows, soft-capping, experts, partial rotary) and in bfloat16 within its rounding."""
+fast backend (windows, soft-capping, experts, partial rotary) and in bfloat16 within its rounding; and rows
+grouped by width or by how far back they attend give one padded grid's results."""
 
 import pytest
 import torch
 from helpers import FAMILY_ARCHS, build_model
 
+from specdec.models import segments as segments_module
 from specdec.models.base import ForwardBatch
 from specdec.models.fast_llama import FastLlamaLM
-from specdec.models.segments import segments, width_groups
+from specdec.models.segments import SEGMENT_KEYS, key_groups, segments, width_groups
 
 CONTEXT = [(5 * i + 2) % 90 + 1 for i in range(30)]
 STEP = [[11], [12, 13, 14]]  # two decoding rows: a pending token, and one with two drafts
@@ -40,13 +42,14 @@ def _forward(lm: FastLlamaLM, cache, rows: list[list[int]], slots: list[int], ch
 
 def test_segments_are_the_step_then_each_chunk():
     batch = ForwardBatch.from_rows([*STEP, *CHUNKS], [0] * 4, [0, 1, 2, 3], torch.device("cpu"))
-    assert segments(batch) == [[0, 1, 3], [2]]  # no chunk rows: by padded width (16 and under, then 24)
+    assert segments(batch, [0] * 4) == [[0, 1, 3], [2]]  # no chunk rows: by padded width (16 and under, then 24)
     batch.chunk_rows = 2
-    assert segments(batch) == [[0, 1], [2], [3]]
+    assert segments(batch, [0] * 4) == [[0, 1], [2], [3]]
     batch.chunk_rows = 4
-    assert segments(batch) == [[0], [1], [2], [3]]
+    assert segments(batch, [0] * 4) == [[0], [1], [2], [3]]
     batch = ForwardBatch.from_rows(STEP, [0] * 2, [0, 1], torch.device("cpu"))
-    assert segments(batch) is None  # every row in one grid of width 3
+    assert segments(batch, [30, 30]) is None  # every row in one grid of width 3
+    assert segments(batch, [30, 600]) == [[0], [1]]  # one attends 20 times as far: a grid each
 
 
 def test_width_groups_split_only_where_it_saves_cells():
@@ -56,6 +59,22 @@ def test_width_groups_split_only_where_it_saves_cells():
     assert width_groups([14, 104, 98, 40, 44, 10], list(range(6))) == [[0, 5], [3, 4], [1, 2]]
     assert width_groups([17, 16], [0, 1]) == [[0, 1]]  # 2 x 24 against 16 + 24: 8 saved
     assert width_groups([5], [0]) == [[0]]
+
+
+def test_key_groups_split_only_where_it_saves_attended_entries():
+    # 17 x 448 entries against 16 x 150 + 448
+    assert key_groups([150] * 16 + [448], list(range(17))) == [list(range(16)), [16]]
+    assert key_groups([150, 160, 140, 155], [0, 1, 2, 3]) == [[0, 1, 2, 3]]  # one bucket
+    assert key_groups([100, 200], [0, 1]) == [[0, 1]]  # 2 x 200 = 400 against 100 + 200 + SEGMENT_KEYS
+    assert key_groups([20, 1000], [0, 1]) == [[0], [1]]  # 2000 against 20 + 1000 + SEGMENT_KEYS
+    assert key_groups([1000, 20, 990, 30], [3, 2, 1, 0]) == [[1, 3], [2, 0]]  # shortest first
+    # three lengths: the middle one joins whichever side costs less
+    needed = [60] * 10 + [700] + [1000] * 10  # the 700 alone: 700 + SEGMENT_KEYS, with the 1000s: 1000
+    assert key_groups(needed, list(range(21))) == [list(range(10)), list(range(10, 21))]
+    assert key_groups([7], [0]) == [[0]] and key_groups([], []) == [[]]
+    total = lambda groups: sum(len(g) * max(needed[b] for b in g) + SEGMENT_KEYS for g in groups)  # noqa: E731
+    assert total(key_groups(needed, list(range(21)))) < min(total([list(range(21))]),
+                                                             total([list(range(10)), [10], list(range(11, 21))]))
 
 
 @pytest.mark.parametrize("arch", ["llama", *FAMILY_ARCHS])
@@ -98,7 +117,7 @@ def test_a_ragged_forward_in_width_groups_is_one_grid(variant, monkeypatch):
     lm = FastLlamaLM(build_model("llama", seed=5, scale=2.0).to(torch.float64), "llama")
 
     def run(split: bool):
-        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch: None)
+        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch, starts: None)
         cache = _cache(lm)
         batch = ForwardBatch.from_rows(RAGGED, [cache.lengths[s] for s in range(4)], [0, 1, 2, 3], lm.device)
         batch.hidden_layers = HIDDEN if variant != "layer_subset" else (1,)
@@ -112,9 +131,44 @@ def test_a_ragged_forward_in_width_groups_is_one_grid(variant, monkeypatch):
                                      lm.device)
         return out, lm.forward(nxt, cache).logits, list(cache.lengths)
 
-    assert segments(ForwardBatch.from_rows(RAGGED, [0] * 4, [0, 1, 2, 3], lm.device)) == [[0, 2], [3], [1]]
+    assert segments(ForwardBatch.from_rows(RAGGED, [0] * 4, [0, 1, 2, 3], lm.device), [0] * 4) == [[0, 2], [3], [1]]
     (split, split_next, split_lengths), (whole, whole_next, whole_lengths) = run(True), run(False)
     torch.testing.assert_close(split.logits, whole.logits, atol=1e-9, rtol=1e-9)
     torch.testing.assert_close(split.hidden, whole.hidden, atol=1e-9, rtol=1e-9)
     torch.testing.assert_close(split_next, whole_next, atol=1e-9, rtol=1e-9)
     assert split_lengths == whole_lengths
+
+
+LENGTHS = [4, 40, 180, 100]  # cached tokens of slots 0-3 before the step
+STEP_ROWS = [[31], [32, 33, 34], [35], [36, 37]]
+
+
+@pytest.mark.parametrize("arch", ["llama", *FAMILY_ARCHS])
+def test_rows_split_by_key_length_give_one_grid(arch, monkeypatch):
+    """Decoding rows that attend 5 to 181 entries, each split into a grid of its own by key length (the threshold
+    set to 0), give one grid's logits, hidden states and cache, windows and every family's attention included."""
+    from specdec.models import fast_llama
+
+    lm = FastLlamaLM(build_model(arch, seed=7, scale=2.0).to(torch.float64), arch)
+    monkeypatch.setattr(segments_module, "SEGMENT_KEYS", 0)
+
+    def run(split: bool):
+        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch, starts: None)
+        cache = lm.new_cache(4, 192)
+        contexts = [[(13 * i + 3 * s) % 90 + 1 for i in range(n)] for s, n in enumerate(LENGTHS)]
+        lm.forward(ForwardBatch.from_rows(contexts, [0] * 4, [0, 1, 2, 3], lm.device, logits="none"), cache)
+        batch = ForwardBatch.from_rows(STEP_ROWS, LENGTHS, [0, 1, 2, 3], lm.device)
+        batch.hidden_layers = HIDDEN
+        out = lm.forward(batch, cache)
+        nxt = ForwardBatch.from_rows([[20], [21], [22], [23]], [cache.lengths[s] for s in range(4)], [0, 1, 2, 3],
+                                     lm.device)
+        return out, lm.forward(nxt, cache).logits, list(cache.lengths)
+
+    batch = ForwardBatch.from_rows(STEP_ROWS, LENGTHS, [0, 1, 2, 3], lm.device)
+    assert segments(batch, LENGTHS) == [[0], [1], [3], [2]]
+    (split, split_next, split_lengths), (whole, whole_next, whole_lengths) = run(True), run(False)
+    tol = {"atol": 1e-6, "rtol": 1e-4} if arch.startswith("gemma") else {"atol": 1e-9, "rtol": 1e-9}
+    torch.testing.assert_close(split.logits, whole.logits, **tol)
+    torch.testing.assert_close(split.hidden, whole.hidden, **tol)
+    torch.testing.assert_close(split_next, whole_next, **tol)
+    assert split_lengths == whole_lengths == [6, 44, 182, 103]

@@ -487,7 +487,7 @@ class FastLlamaLM(CausalLM):
         final = len(self.layers)
         wanted_layers = [i if i >= 0 else final + 1 + i for i in batch.hidden_layers]
         inner = frozenset(i for i in wanted_layers if i < final)
-        parts = segments(batch) if self.fuses_prefill else None
+        parts = segments(batch, [cache.lengths[s] for s in batch.slots]) if self.fuses_prefill else None
         if parts is not None:  # rows of very different lengths (prompt chunks among them): a grid each
             grids, cells, order, offset = [], [], [], 0
             for rows in parts:

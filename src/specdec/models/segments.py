@@ -5,9 +5,16 @@ fed together, a drafter catching up on the tokens of several steps).
 A :class:`~.grid.Grid` computes ``R x T`` cells for ``R`` rows of at most ``T`` tokens, so a 64-token prompt
 chunk beside 16 one-token rows would compute 17 x 64 cells for 80 tokens. Here the rows are cut into
 *segments*, each laid out as its own grid: each prompt chunk (``ForwardBatch.chunk_rows``, the batch's last
-rows) alone, and the other rows grouped by the width their grid pads them to (:func:`width_groups`). Every
-matrix product of a layer runs once over the cells of all segments, as one flat ``[1, C, H]`` block; only the
-cache writes and the attention run per segment, each over its own grid and mask.
+rows) alone, and the other rows grouped by the width their grid pads them to (:func:`width_groups`), then by
+how far back they attend (:func:`key_groups`). Every matrix product of a layer runs once over the cells of all
+segments, as one flat ``[1, C, H]`` block; only the cache writes and the attention run per segment, each over
+its own grid and mask.
+
+Why by key length: a grid attends every row to the longest row's cache, gathering ``R x K`` entries per layer
+(on a CPU, a copy through the block tables) and attending over all of them under a mask. One long conversation
+among short ones made every row pay for its length: on the embedded pair's target, 16 one-token rows after 150
+cached tokens took 32 ms, and the same rows with one more after 448 took 57 ms
+(``docs/lab-notes/2026-11-29-flood-floor.md``).
 
 Why: on a CPU a small model's forward has a fixed cost per call that a separate prefill forward pays a
 second time, and a padded grid pays for its padding. On the embedded pair's target (2 cores, float32, 200
@@ -40,14 +47,54 @@ SEGMENT_CELLS = 16
 width only where that saves more cells than this per extra segment."""
 
 
-def segments(batch: ForwardBatch) -> list[list[int]] | None:
+SEGMENT_KEYS = 512
+"""What one more segment costs, in attended cache entries (rows x keys): rows are split by key length only where
+that saves more entries than this per extra segment."""
+
+
+def segments(batch: ForwardBatch, starts: list[int]) -> list[list[int]] | None:
     """The rows of ``batch`` as segments (see the module docstring): each of its ``chunk_rows`` last rows alone,
-    the other rows in :func:`width_groups` (one group with a tree mask); None where one grid serves the batch."""
+    the other rows in :func:`width_groups`, each split in :func:`key_groups` (one group with a tree mask); None
+    where one grid serves the batch. ``starts``: each row's cached length before the forward."""
     rows, chunks = batch.num_rows, batch.chunk_rows
     lead = list(range(rows - chunks))
-    groups = [lead] if batch.tree_mask is not None else width_groups(batch.num_tokens, lead)
+    if batch.tree_mask is not None:
+        groups = [lead]
+    else:
+        needed = [start + count for start, count in zip(starts, batch.num_tokens)]
+        groups = [keys for group in width_groups(batch.num_tokens, lead) for keys in key_groups(needed, group)]
     parts = [group for group in groups if group] + [[b] for b in range(rows - chunks, rows)]
     return parts if len(parts) > 1 else None
+
+
+def key_groups(needed: list[int], rows: list[int]) -> list[list[int]]:
+    """``rows`` (indices into ``needed``, each row's cache length after the forward, which its grid attends)
+    grouped so that the entries their grids attend, ``len(group) x max(needed)`` each, plus
+    :data:`SEGMENT_KEYS` per group, are fewest: rows are first put in buckets of :func:`~.grid.wide_bucket`
+    lengths (two per octave), and the groups are runs of consecutive buckets (the best runs, found over the
+    buckets). Shortest first; ``[rows]`` where one grid is best."""
+    if len(rows) < 2:
+        return [rows]
+    buckets: dict[int, list[int]] = {}
+    for b in rows:
+        buckets.setdefault(wide_bucket(needed[b]), []).append(b)
+    if len(buckets) == 1:
+        return [rows]
+    runs = [buckets[key] for key in sorted(buckets)]
+    longest = [max(needed[b] for b in run) for run in runs]
+    # best[j]: the fewest entries for the first j buckets, cut[j]: where its last group starts
+    best, cut = [0] + [0] * len(runs), [0] * (len(runs) + 1)
+    for j in range(1, len(runs) + 1):
+        count, options = 0, []
+        for i in range(j, 0, -1):
+            count += len(runs[i - 1])
+            options.append((best[i - 1] + count * longest[j - 1] + SEGMENT_KEYS, i - 1))
+        best[j], cut[j] = min(options)
+    groups, j = [], len(runs)
+    while j > 0:
+        groups.append([b for run in runs[cut[j]: j] for b in run])
+        j = cut[j]
+    return groups[::-1]
 
 
 def width_groups(counts: list[int], rows: list[int]) -> list[list[int]]:
