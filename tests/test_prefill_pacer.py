@@ -1,7 +1,7 @@
 """A CPU server's default chunked prefill is paced by measured time: a step's prompt tokens add at most
-``SHARE`` of a decoding step (at least one block, at most the token budget), a prompt token priced by a fit
-of the steps' seconds to their prompt and decoding tokens, only while streams are running; a budget given in
-tokens is kept as given; and pacing changes no output."""
+``SHARE`` of a decoding step (at least ``MIN_PACED_CHUNK`` tokens, at most the token budget), a prompt token
+priced by a fit of the steps' seconds to their prompt and decoding tokens, only while streams are running; a
+budget given in tokens is kept as given; and pacing changes no output."""
 
 import random
 import statistics
@@ -39,6 +39,22 @@ def test_the_floor_and_the_cap():
     assert fast.budget(128, running=True) == 128
     free = _pacer([(n, 0.005) for n in (0, 16, 0, 64)])  # prompt tokens measured free (a GPU's fused forward)
     assert free.line() == (pytest.approx(0.005), pytest.approx(0.0, abs=1e-12))
+
+
+def test_a_prompt_token_measured_free_or_cheaper_than_nothing_gets_the_floor_not_the_budget():
+    """Noisy steps whose fit with the decoding tokens gives prompt tokens a negative slope: the pacer keeps the line
+    of the prompt tokens alone (a slope of 0 here), and a slope of 0 is no price, so the streams get the floor beside
+    them, not the whole budget (at the ``1b`` shape that took about five decoding steps)."""
+    pacer = PrefillPacer()
+    steps = [(0, 1, 0.010), (2, 1, 0.0102), (10, 1, 0.0099), (0, 4, 0.020), (2, 4, 0.0195), (10, 4, 0.0190),
+             (0, 2, 0.013), (8, 2, 0.0128), (4, 3, 0.016), (6, 1, 0.0098)]
+    for tokens, decoding, seconds in steps:
+        pacer.observe(tokens, decoding, seconds)
+    assert pacer.line() == pacer.fit.line() and pacer.line()[1] == 0
+    assert pacer.budget(128, running=True) == MIN_PACED_CHUNK
+    assert pacer.budget(128, running=False) == 128
+    free = _pacer([(n, 0.005) for n in (0, 16, 0, 64)])
+    assert free.budget(128, running=True) == MIN_PACED_CHUNK
 
 
 def test_a_probe_measures_the_decoding_step_then_the_floor_measures_a_token():

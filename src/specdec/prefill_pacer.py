@@ -16,7 +16,9 @@ decoding tokens ``D`` (one per running row plus the drafts it verified). The pac
 - ``a = c + e D_last``, the decoding step at the last step's decoding tokens (with ``D`` not in the fit, below:
   the line of ``T`` against ``C`` alone, :class:`~specdec.step_cost.LineFit`, whose ``b`` is at least 0);
 - ``C = SHARE a / b``, within ``[MIN_PACED_CHUNK, cap]``, ``cap`` the scheduler's token budget; with no stream
-  running (nobody's latency to keep), ``cap``; while ``b`` is not measured, ``MIN_PACED_CHUNK`` (whose step
+  running (nobody's latency to keep), ``cap``; while ``b`` is not measured (or measured at 0: on a CPU a prompt
+  token always costs something, and the whole budget beside running streams took about five decoding steps at the
+  ``1b`` shape, ``docs/lab-notes/2026-11-29-flood.md``), ``MIN_PACED_CHUNK`` (whose step
   measures it: the whole budget would measure it better, but every running stream waits through that step,
   which took 4-5 decoding steps on the embedded pair, ``docs/lab-notes/2026-11-28-fused-prefill.md``).
 
@@ -97,9 +99,10 @@ class PrefillPacer:
         det = var_d * var_c - cov_dc * cov_dc
         if self._steps >= MIN_FIT_STEPS and var_d > 0 and det > (1 - COLLINEAR) * var_d * var_c:
             cov_ct, cov_dt = sum_ct / w - mean_c * mean_t, sum_dt / w - mean_d * mean_t
-            b = (var_d * cov_ct - cov_dc * cov_dt) / det
-            e = (var_c * cov_dt - cov_dc * cov_ct) / det  # what a decoding token adds
-            a = mean_t - b * mean_c + e * (self._last_decoding - mean_d)
+            fitted = (var_d * cov_ct - cov_dc * cov_dt) / det
+            if fitted > 0:  # else noise: a prompt token never makes a step shorter (keep the line of C alone)
+                e = (var_c * cov_dt - cov_dc * cov_ct) / det  # what a decoding token adds
+                a, b = mean_t - fitted * mean_c + e * (self._last_decoding - mean_d), fitted
         return a, b
 
     def budget(self, cap: int, running: bool) -> int:
@@ -109,7 +112,7 @@ class PrefillPacer:
         if self._since_plain >= PROBE_EVERY:  # a step without prompt tokens for the fit
             return 0
         line = self.line()
-        if line is None:  # the token's cost is measured on what this step feeds
+        if line is None or line[1] <= 0:  # the token's cost is measured on what this step feeds
             return min(MIN_PACED_CHUNK, cap)
         a, b = line
-        return max(min(MIN_PACED_CHUNK, cap), min(cap, int(SHARE * a / b))) if b > 0 else cap
+        return max(min(MIN_PACED_CHUNK, cap), min(cap, int(SHARE * a / b)))

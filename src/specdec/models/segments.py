@@ -49,7 +49,8 @@ width only where that saves more cells than this per extra segment."""
 
 SEGMENT_KEYS = 512
 """What one more segment costs, in attended cache entries (rows x keys): rows are split by key length only where
-that saves more entries than this per extra segment."""
+that saves more entries than this per extra segment (of 128, 512 and 2048, 512 was best or near it on the
+embedded pair's target, ``docs/lab-notes/2026-11-29-flood.md``)."""
 
 
 def segments(batch: ForwardBatch, starts: list[int]) -> list[list[int]] | None:
@@ -83,7 +84,7 @@ def key_groups(needed: list[int], rows: list[int]) -> list[list[int]]:
     runs = [buckets[key] for key in sorted(buckets)]
     longest = [max(needed[b] for b in run) for run in runs]
     # best[j]: the fewest entries for the first j buckets, cut[j]: where its last group starts
-    best, cut = [0] + [0] * len(runs), [0] * (len(runs) + 1)
+    best, cut = [0] * (len(runs) + 1), [0] * (len(runs) + 1)
     for j in range(1, len(runs) + 1):
         count, options = 0, []
         for i in range(j, 0, -1):
