@@ -47,7 +47,7 @@ MIN_PACED_CHUNK = 8
 """Prompt tokens a paced step feeds at least: the prompt's progress when even that exceeds the share of a
 decoding step. It was one KV block (16) until 2026-11-29, which overrode the share where it binds: at one
 stream on the embedded pair ``SHARE a / b`` is 8-9 tokens, and the floor's 16 doubled every step of a flood
-(``docs/lab-notes/2026-11-29-flood-floor.md``)."""
+(``docs/lab-notes/2026-11-29-flood.md``)."""
 
 SHARE = 0.5
 """What the prompt tokens of a paced step may add to it, as a share of a decoding step: a running stream's

@@ -14,7 +14,7 @@ Why by key length: a grid attends every row to the longest row's cache, gatherin
 (on a CPU, a copy through the block tables) and attending over all of them under a mask. One long conversation
 among short ones made every row pay for its length: on the embedded pair's target, 16 one-token rows after 150
 cached tokens took 32 ms, and the same rows with one more after 448 took 57 ms
-(``docs/lab-notes/2026-11-29-flood-floor.md``).
+(``docs/lab-notes/2026-11-29-flood.md``).
 
 Why: on a CPU a small model's forward has a fixed cost per call that a separate prefill forward pays a
 second time, and a padded grid pays for its padding. On the embedded pair's target (2 cores, float32, 200
