@@ -112,12 +112,9 @@ def test_a_ragged_forward_in_width_groups_is_one_grid(variant, monkeypatch):
     """Rows of 1-40 tokens (a drafter catching up, prompts fed together) computed as width groups give one
     padded grid's logits, hidden states and cache, fed token embeddings, given inputs (``input_hidden``, as the
     EAGLE layer is) or a subset of the layers."""
-    from specdec.models import fast_llama
-
     lm = FastLlamaLM(build_model("llama", seed=5, scale=2.0).to(torch.float64), "llama")
 
-    def run(split: bool):
-        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch, starts: None)
+    def build():
         cache = _cache(lm)
         batch = ForwardBatch.from_rows(RAGGED, [cache.lengths[s] for s in range(4)], [0, 1, 2, 3], lm.device)
         batch.hidden_layers = HIDDEN if variant != "layer_subset" else (1,)
@@ -126,18 +123,32 @@ def test_a_ragged_forward_in_width_groups_is_one_grid(variant, monkeypatch):
                                              generator=torch.Generator().manual_seed(0))
         if variant == "layer_subset":
             batch.layers = (0, 1)
+        return cache, batch
+
+    assert segments(ForwardBatch.from_rows(RAGGED, [0] * 4, [0, 1, 2, 3], lm.device), [0] * 4) == [[0, 2], [3], [1]]
+    _split_against_whole(lm, monkeypatch, build, {"atol": 1e-9, "rtol": 1e-9})
+
+
+def _split_against_whole(lm: FastLlamaLM, monkeypatch, build, tol: dict) -> list[int]:
+    """``build()``'s batch (with its cache: slots 0-3) fed as :func:`segments` cuts it and as one padded grid,
+    each then followed by one more token in every slot: the same logits, hidden states and next logits within
+    ``tol``, and the same cached lengths, which are returned."""
+    from specdec.models import fast_llama
+
+    runs = []
+    for split in (True, False):
+        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch, starts: None)
+        cache, batch = build()
         out = lm.forward(batch, cache)
         nxt = ForwardBatch.from_rows([[20], [21], [22], [23]], [cache.lengths[s] for s in range(4)], [0, 1, 2, 3],
                                      lm.device)
-        return out, lm.forward(nxt, cache).logits, list(cache.lengths)
-
-    assert segments(ForwardBatch.from_rows(RAGGED, [0] * 4, [0, 1, 2, 3], lm.device), [0] * 4) == [[0, 2], [3], [1]]
-    (split, split_next, split_lengths), (whole, whole_next, whole_lengths) = run(True), run(False)
-    torch.testing.assert_close(split.logits, whole.logits, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(split.hidden, whole.hidden, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(split_next, whole_next, atol=1e-9, rtol=1e-9)
+        runs.append((out, lm.forward(nxt, cache).logits, list(cache.lengths)))
+    (split_out, split_next, split_lengths), (whole_out, whole_next, whole_lengths) = runs
+    torch.testing.assert_close(split_out.logits, whole_out.logits, **tol)
+    torch.testing.assert_close(split_out.hidden, whole_out.hidden, **tol)
+    torch.testing.assert_close(split_next, whole_next, **tol)
     assert split_lengths == whole_lengths
-
+    return split_lengths
 
 LENGTHS = [4, 40, 180, 100]  # cached tokens of slots 0-3 before the step
 STEP_ROWS = [[31], [32, 33, 34], [35], [36, 37]]
@@ -147,28 +158,18 @@ STEP_ROWS = [[31], [32, 33, 34], [35], [36, 37]]
 def test_rows_split_by_key_length_give_one_grid(arch, monkeypatch):
     """Decoding rows that attend 5 to 181 entries, each split into a grid of its own by key length (the threshold
     set to 0), give one grid's logits, hidden states and cache, windows and every family's attention included."""
-    from specdec.models import fast_llama
-
     lm = FastLlamaLM(build_model(arch, seed=7, scale=2.0).to(torch.float64), arch)
     monkeypatch.setattr(segments_module, "SEGMENT_KEYS", 0)
 
-    def run(split: bool):
-        monkeypatch.setattr(fast_llama, "segments", segments if split else lambda batch, starts: None)
+    def build():
         cache = lm.new_cache(4, 192)
         contexts = [[(13 * i + 3 * s) % 90 + 1 for i in range(n)] for s, n in enumerate(LENGTHS)]
         lm.forward(ForwardBatch.from_rows(contexts, [0] * 4, [0, 1, 2, 3], lm.device, logits="none"), cache)
         batch = ForwardBatch.from_rows(STEP_ROWS, LENGTHS, [0, 1, 2, 3], lm.device)
         batch.hidden_layers = HIDDEN
-        out = lm.forward(batch, cache)
-        nxt = ForwardBatch.from_rows([[20], [21], [22], [23]], [cache.lengths[s] for s in range(4)], [0, 1, 2, 3],
-                                     lm.device)
-        return out, lm.forward(nxt, cache).logits, list(cache.lengths)
+        return cache, batch
 
-    batch = ForwardBatch.from_rows(STEP_ROWS, LENGTHS, [0, 1, 2, 3], lm.device)
-    assert segments(batch, LENGTHS) == [[0], [1], [3], [2]]
-    (split, split_next, split_lengths), (whole, whole_next, whole_lengths) = run(True), run(False)
+    step = ForwardBatch.from_rows(STEP_ROWS, LENGTHS, [0, 1, 2, 3], lm.device)
+    assert segments(step, LENGTHS) == [[0], [1], [3], [2]]
     tol = {"atol": 1e-6, "rtol": 1e-4} if arch.startswith("gemma") else {"atol": 1e-9, "rtol": 1e-9}
-    torch.testing.assert_close(split.logits, whole.logits, **tol)
-    torch.testing.assert_close(split.hidden, whole.hidden, **tol)
-    torch.testing.assert_close(split_next, whole_next, **tol)
-    assert split_lengths == whole_lengths == [6, 44, 182, 103]
+    assert _split_against_whole(lm, monkeypatch, build, tol) == [6, 44, 182, 103]
