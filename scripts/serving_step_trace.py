@@ -1,4 +1,5 @@
-"""Where a serving benchmark's time goes, step by step: ``bench-serve --in-process``'s code workload at one
+"""Where a serving benchmark's time goes, step by step: ``bench-serve --in-process``'s code workload (or, with
+``--workload flood``, the flood workload: its rows alone and then flooded, one summary of the flooded row) at one
 concurrency, each method in turn, with every scheduler step timed and split (the target's forward, the prompt
 chunks' share of it, prompts fed in forwards of their own, drafting, the drafter's start on prompts that
 finished feeding), the rows decoding and being fed, and the prefill pacer's measured step ``a`` and
@@ -7,6 +8,11 @@ per-token cost ``b``. A benchmark, not a test: ``docs/lab-notes/2026-11-28-round
     python scripts/serving_step_trace.py --methods plain,eagle --concurrency 16
     python scripts/serving_step_trace.py --shape 1b --shape-cache /tmp/inflate_1b --methods plain,draft_model \\
         --concurrency 16 --num-requests 32 --max-step-time-ratio 1.25
+    python scripts/serving_step_trace.py --workload flood --methods plain --concurrency 1 --min-paced-chunk 16 \\
+        --json /tmp/flood.json
+
+``--json`` keeps every step (seconds, rows decoding and being fed, prompt tokens fused, the pacer's ``a`` and
+``b``), from which ``docs/lab-notes/2026-11-29-flood.md`` grouped the flood's steps by rows and prompt tokens.
 
 Wraps ``Scheduler.step`` and three ``Engine`` methods for the run (nothing is changed for good). The
 summary covers the measured requests (from the first step with two sequences; the warm-up runs one).
@@ -20,6 +26,7 @@ import statistics
 import time
 
 from specdec import engine as engine_module
+from specdec import prefill_pacer
 from specdec import scheduler as scheduler_module
 from specdec.bench import serving
 from specdec.cli import build_parser
@@ -92,21 +99,26 @@ def main() -> None:
     parser.add_argument("--shape", default=None, help="an inflated shape (1b, ...); default the embedded pair")
     parser.add_argument("--shape-cache", default=None)
     parser.add_argument("--json", default=None, help="also write every step here")
+    parser.add_argument("--workload", choices=("code", "flood"), default="code")
+    parser.add_argument("--min-paced-chunk", type=int, default=None,
+                        help=f"the prefill pacer's floor for this run (default {prefill_pacer.MIN_PACED_CHUNK})")
     cli = parser.parse_args()
+    if cli.min_paced_chunk is not None:
+        prefill_pacer.MIN_PACED_CHUNK = cli.min_paced_chunk
     # bench-serve's own settings (its defaults, these flags), the code workload only
     flags = {"--num-requests": cli.num_requests, "--max-step-time-ratio": cli.max_step_time_ratio,
              "--shape": cli.shape, "--shape-cache": cli.shape_cache}
     args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency", str(cli.concurrency),
                                       "--max-tokens", str(cli.max_tokens),
                                       *[x for flag, v in flags.items() if v is not None for x in (flag, str(v))]])
-    args.workloads = ["code"]
+    args.workloads = [cli.workload]
     wrap()
     target, draft = serving.pair_folders(args)
     workloads, runs = None, []
     for method in cli.methods.split(","):
         STEPS.clear()
         workloads, rows = serving.run_method(method, args, workloads, target, draft)
-        runs.append((method, rows[0], list(STEPS)))
+        runs.append((method, rows[-1], list(STEPS)))  # the flood's last row is the flooded one
     for method, row, steps in runs:
         print(summary(method, row, steps))
     if cli.json:
