@@ -558,7 +558,7 @@ class RaggedK(FixedK):
         super().__init__(max_k)
         self.steps = 0
 
-    def choose(self, seqs, limits):
+    def choose(self, seqs, limits, backlog=None):
         self.steps += 1
         return [min((self.steps + b) % (self.k + 1), limit) for b, limit in enumerate(limits)]
 
@@ -623,3 +623,34 @@ def test_the_engine_flags_steps_that_paid_a_one_time_setup(model_dirs, monkeypat
         llm = LLM(dirs["target"], dtype="float64", speculative_config=config)
         llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params)
         assert (llm.engine.policy.measured > 0) == measured
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, method):
+    """A drafter's ``backlog`` (what bounds a probe's rows) counts the positions its next ``propose`` feeds its
+    own model: every prompt token first (the draft model is fed nothing until its row drafts; an EAGLE layer
+    gets every prompt feature but the pending token's); one more per step the row sits out; and a proposal
+    catches all of it up."""
+    from test_heads import make_heads
+
+    dirs = model_dirs["llama"]
+    if method == "draft_model":
+        config = {"method": method, "model": str(dirs["truncated"]), "num_speculative_tokens": 2}
+    else:
+        make_heads(AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64), "eagle", tmp_path, 3)
+        config = {"method": method, "model": str(tmp_path), "num_speculative_tokens": 2}
+    llm = LLM(dirs["target"], dtype="float64", speculative_config=config)
+    prompt = [(5 * i) % 50 + 3 for i in range(11)]
+    llm.submit({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine, drafter = llm.engine, llm.engine.drafter
+    engine.policy.choose = lambda seqs, limits, backlog=None: [0] * len(seqs)  # sit out
+    outputs = llm.step()
+    seq = llm.scheduler.running[0]
+    first = len(prompt) if method == "draft_model" else len(prompt) - 1
+    assert len(outputs[0].token_ids) == 1 and drafter.backlog([seq]) == [first + 1]
+    for _ in range(3):
+        llm.step()
+    assert drafter.backlog([seq]) == [first + 4]
+    engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    llm.step()
+    assert drafter.backlog([seq])[0] <= 2  # caught up: at most the pending token and an accepted draft

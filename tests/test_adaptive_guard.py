@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
+from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, PROBE_BACKLOG, AdaptiveK, choose_ks, least_behind
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
 
@@ -62,12 +62,12 @@ class World:
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
 
-    def run(self, seqs: list[FakeSeq], steps: int) -> list[tuple[bool, list[int]]]:
-        """``(probe step?, ks chosen)`` per step."""
+    def run(self, seqs: list[FakeSeq], steps: int, backlog: list[int] | None = None) -> list[tuple[bool, list[int]]]:
+        """``(probe step?, ks chosen)`` per step (``backlog``: the rows' drafters' catch-up, every step)."""
         chosen = []
         for _ in range(steps):
             before = self.policy.next_probe
-            ks = self.policy.choose(seqs, [MAX_K] * len(seqs))
+            ks = self.policy.choose(seqs, [MAX_K] * len(seqs), backlog)
             accepted = []
             for k in ks:
                 a = 0
@@ -100,6 +100,27 @@ def test_guard_switches_off_measured_slow_speculation_and_keeps_probing(pinned):
     # Guard-off steps are counted like any other step with speculation off, once each.
     assert world.metrics.num_speculation_off_steps == sum(not any(ks) for _, ks in chosen) > 200
     assert world.metrics.k_choices[0] == 16 * world.metrics.num_speculation_off_steps
+
+
+def test_a_probe_while_off_drafts_the_rows_whose_drafters_are_least_behind(pinned):
+    """Off, a probe drafts only the rows with the least to catch up, within ``PROBE_BACKLOG`` positions per row
+    of the step (row ``b`` here has ``10 b + 1``: rows 0-3 add up to 64 of 16 x 4); with no backlog given,
+    every row. Speculation stays off either way."""
+    backlog = [10 * b + 1 for b in range(16)][::-1]  # the least behind last
+    for given, drafting in ((backlog, set(range(12, 16))), (None, set(range(16)))):
+        late = World(slow_drafting, alpha=0.9).run(batch(16), 300, given)[100:]
+        probes = [ks for probe, ks in late if probe]
+        assert probes and all({b for b, k in enumerate(ks) if k} == drafting for ks in probes)
+        assert all(ks == [0] * 16 for probe, ks in late if not probe)
+
+
+def test_least_behind_keeps_the_first_row_and_then_what_fits():
+    budget = PROBE_BACKLOG * 4
+    assert least_behind([1, 1, 1, 1], [50, 3, budget - 5, 2]) == [0, 1, 1, 1]  # 2 + 3 + 11 = 16
+    assert least_behind([1, 1, 1, 1], [50, 3, budget - 4, 2]) == [0, 1, 0, 1]  # 17 would not fit
+    assert least_behind([1, 1], [500, 900]) == [1, 0]  # the least behind always probes
+    assert least_behind([1, 0, 1], [5, 0, 5]) == [1, 0, 1]  # a row that may not draft is no candidate; ties in order
+    assert least_behind([0, 0], [1, 1]) == [0, 0]
 
 
 def test_guard_leaves_measured_fast_speculation_on(pinned):

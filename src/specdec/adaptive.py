@@ -109,6 +109,14 @@ over the bound backs off as a probe priced far below plain decoding does: it is 
 and it pays every row's drafter catching up on the steps without drafts. The most tokens per second
 within a bound on the worst gap.
 
+A probe while speculation is off drafts only the rows whose drafters have the least to catch up (their
+``backlog``, :meth:`specdec.drafters.base.Drafter.backlog`), one at least, as long as the step's catch-up
+stays within ``PROBE_BACKLOG`` positions per row of the step. Off, a draft model's slot falls behind by
+every token emitted and an EAGLE layer buffers every target feature, the prompt's included, so a probe of
+every row fed all of them at once: at 64 streams at the ``1b`` shape under a bound of 1.25 such probes
+were the longest steps of the run (3.0 s against a median of 0.8 s, the drafting alone 0.8-1.4 s;
+``docs/lab-notes/2026-11-29-probes.md``). The rows left out catch up when speculation pays again.
+
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
 need not repeat the same tokens run to run.
@@ -129,6 +137,7 @@ AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
+PROBE_BACKLOG = 4  # ... whose rows' drafters catch up on at most this many positions per row of the step
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
 FAR_BELOW_PROBES = 8  # off, a probe priced below 1 / FAR_ABOVE or over the bound: period doubles up to this
@@ -141,14 +150,27 @@ HOLD_DRAFT_SHARE = 0.1  # ... where drafting the most costs less than this share
 COST_REFRESH = 4  # measured steps between refits of the cost model
 
 
+def least_behind(ks: list[int], backlog: list[int]) -> list[int]:
+    """``ks`` kept for the rows with the least ``backlog`` (ties: the earlier row), the first of them always and
+    then as long as their backlogs add up to at most ``PROBE_BACKLOG`` per row; 0 for the others."""
+    kept, total, budget = set(), 0, PROBE_BACKLOG * len(ks)
+    for b in sorted((b for b, k in enumerate(ks) if k > 0), key=lambda b: (backlog[b], b)):
+        if kept and total + backlog[b] > budget:
+            break
+        kept.add(b)
+        total += backlog[b]
+    return [k if b in kept else 0 for b, k in enumerate(ks)]
+
+
 class FixedK:
     """Every row drafts ``k`` tokens (fewer when its budget says so)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
-        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
+    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
+        each row's drafter would catch up on, does not change a fixed k)."""
         return [min(self.k, limit) for limit in limits]
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
@@ -262,8 +284,9 @@ class AdaptiveK:
         """Tokens a step drafting ``ks`` feeds the target."""
         return tokens_fed(ks, max(ks), self.padded)
 
-    def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
-        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
+    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step, ``backlog[b]`` the
+        positions its drafter would catch up on before drafting (None: nothing), which bounds a probe's rows."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
@@ -303,7 +326,7 @@ class AdaptiveK:
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe:  # invert the decision once
             if not any(ks):
-                ks = probe
+                ks = probe if backlog is None else least_behind(probe, backlog)
                 if below:
                     self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
             elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:

@@ -68,8 +68,9 @@ class ScheduledK:
         """The schedule's k for a step of ``rows`` rows."""
         return self.ks[bisect_right(self.sizes, rows) - 1]
 
-    def choose(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
-        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step."""
+    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
+        each row's drafter would catch up on, does not change a schedule)."""
         k = self.k_for(len(seqs))
         ks = [min(k, limit) for limit in limits]
         for s, limit, chosen in zip(seqs, limits, ks):

@@ -327,6 +327,12 @@ class Drafter(ABC):
     def release(self, seq: Sequence) -> None:  # noqa: B027 - stateless drafters keep nothing
         """Forget a finished or aborted sequence."""
 
+    def backlog(self, seqs: list[Sequence]) -> list[int]:
+        """Positions each row's next ``propose`` feeds the drafter's own model before its first draft: the
+        context it has not absorbed yet, which grows on every step the row does not draft (0 for a drafter
+        whose proposal costs the same however long it sat out, a lookup or a head on the last feature)."""
+        return [0] * len(seqs)
+
     def kv_pools(self) -> list[KVCache]:
         """The drafter's own KV pools, slot for slot the target's: the scheduler keeps each step's growth
         of every one of them within its free blocks (a drafter with no model keeps none)."""

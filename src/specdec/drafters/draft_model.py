@@ -33,9 +33,9 @@ class DraftModelDrafter(DraftLM):
 
     The draft model has its own KV pool, slot for slot the target's, under the target's
     invariant: a slot holds a prefix of the committed context, plus the drafts of the
-    current step. ``propose`` first feeds each row's committed tokens not cached yet (the
-    pending token; after a fully accepted step the last draft too; more after a step the row
-    skipped), then one token per row per draft position; ``observe`` rolls back the drafts
+    current step. ``propose`` first feeds each drafting row's committed tokens not cached yet (its
+    prompt on its first draft; the pending token; after a fully accepted step the last draft too;
+    more after a step the row sat out), then one token per row per draft position; ``observe`` rolls back the drafts
     that were rejected. A row draws from its generator only for its own ``ks[b]`` drafts.
     A draft whose tokenizer differs from the target's is built as a
     :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter` (drafts converted through text).
@@ -100,13 +100,26 @@ class DraftModelDrafter(DraftLM):
         return DraftVocab.load(folder, size, model.lm_head)
 
     def add(self, seqs: list[Sequence]) -> None:
-        """Prefill the prompts but their pending token, past the blocks the prefix cache holds (prompts
-        longer than the draft's context are left for ``propose`` to skip)."""
-        rows = [s for s in seqs if 1 < len(s.prompt_ids) <= self.capacity]
+        """Start each slot from the blocks the prefix cache holds of the prompt (prompts longer than the draft's
+        context are left for ``propose`` to skip). The rest of the context is fed by the row's first
+        ``propose``, not here: a row that never drafts (speculation off, as auto k turns it at saturation) costs
+        the draft nothing. Prefilling every prompt here took 4.4% of a 64-stream run at the ``1b`` shape with
+        speculation off on 98% of the steps (``docs/lab-notes/2026-11-29-probes.md``)."""
         for s in seqs:
             self.cache.release(s.slot)
-        cached = [self.cache.match_prefix(s.slot, s.prompt_ids) for s in rows]
-        fed = [(s.prompt_ids[c:-1], c, s.slot) for s, c in zip(rows, cached) if c < len(s.prompt_ids) - 1]
+            if 1 < len(s.prompt_ids) <= self.capacity:
+                self.cache.match_prefix(s.slot, s.prompt_ids)
+
+    def backlog(self, seqs: list[Sequence]) -> list[int]:
+        """The committed tokens each row's slot has not cached (the pending token at least)."""
+        return [len(s.token_ids) - self.cache.lengths[s.slot] for s in seqs]
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed each row's committed tokens the slot lacks but its last two (a prompt, the tokens of the steps it
+        sat out) in prefill forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows: the
+        proposal's own forward then feeds at most two tokens a row, the shape of every step after a draft."""
+        fed = [(s.token_ids[c:-2], c, s.slot) for s in seqs
+               if len(s.token_ids) - 2 > (c := self.cache.lengths[s.slot])]
         for batch in prefill_batches([f[0] for f in fed], [f[2] for f in fed], self.model.device,
                                      starts=[f[1] for f in fed]):
             self.model.forward(batch, self.cache)
@@ -120,6 +133,7 @@ class DraftModelDrafter(DraftLM):
         if not active:
             return DraftBatch(tokens, ks)
         rows = sampling.select(active) if len(active) < len(seqs) else sampling
+        self._catch_up([seqs[b] for b in active])
         cached = [self.cache.lengths[seqs[b].slot] for b in active]
         batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
                                        [seqs[b].slot for b in active], self.model.device, logits="last")

@@ -172,6 +172,11 @@ class EagleDrafter(HeadDrafter):
                 parts = self.features[s.request_id]
                 self.features[s.request_id] = [(parts[0] if len(parts) == 1 else torch.cat(parts))[cached:]]
 
+    def backlog(self, seqs: list[Sequence]) -> list[int]:
+        """The target features each row has buffered: the pairs its next ``propose`` feeds the layer (the
+        whole prompt's on its first)."""
+        return [sum(part.shape[0] for part in self.features.get(s.request_id, ())) for s in seqs]
+
     def _commit(self, seqs: list[Sequence], committed: dict[int, int]) -> None:
         """Set the pool back to the target-feature pairs (``committed``: slot -> entries) and register their
         full blocks for later contexts that begin the same way."""
@@ -199,10 +204,11 @@ class EagleDrafter(HeadDrafter):
         device, cache = self.target.device, self.cache
         width = max(ks, default=0)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
-        # 1. Each row's new (feature, next token) pairs, ragged, into the pool.
+        # 1. The new (feature, next token) pairs of each row that drafts, ragged, into the pool (a row that sits
+        #    the step out keeps its features for its next draft: a probe catches up only the rows it drafts).
         fed, features, pair_tokens, positions, cu = [], [], [], [], [0]
         for b, s in enumerate(seqs):
-            new = self.take_features(s)
+            new = self.take_features(s) if ks[b] > 0 else None
             if new is None:
                 continue
             start = cache.lengths[s.slot]
