@@ -11,7 +11,7 @@ import pytest
 from helpers import build_model
 
 from specdec import LLM, SamplingParams
-from specdec.prefill_pacer import MIN_FIT_STEPS, MIN_PACED_CHUNK, PROBE_EVERY, SHARE, PrefillPacer
+from specdec.prefill_pacer import DECAY, MIN_FIT_STEPS, MIN_PACED_CHUNK, PROBE_EVERY, REACH, SHARE, PrefillPacer
 
 
 def _pacer(steps: list[tuple[int, float]], decoding: int = 4) -> PrefillPacer:
@@ -59,7 +59,8 @@ def test_a_prompt_token_measured_free_or_cheaper_than_nothing_gets_the_floor_not
 
 def test_a_probe_measures_the_decoding_step_then_the_floor_measures_a_token():
     """The first paced step feeds no prompt token; the next one, whose prompt tokens measure what a token adds
-    to it, the floor (not the whole budget: the streams wait on that step too); then the paced chunk."""
+    to it, the floor (not the whole budget: the streams wait on that step too); then the paced chunk, reached by
+    doubling."""
     fresh = PrefillPacer()
     assert fresh.line() is None and fresh.budget(128, running=True) == 0
     fresh.observe(0, 4, 0.005)
@@ -68,7 +69,23 @@ def test_a_probe_measures_the_decoding_step_then_the_floor_measures_a_token():
     assert _pacer([(16, 0.008)] * 3).line() is None  # prompt tokens never varied: nothing to price one by
     fresh.observe(MIN_PACED_CHUNK, 4, 0.005 + 0.0001 * MIN_PACED_CHUNK)
     assert fresh.line() == (pytest.approx(0.005), pytest.approx(0.0001))
+    assert fresh.budget(128, running=True) == REACH * MIN_PACED_CHUNK < SHARE * 50
+    fresh.observe(REACH * MIN_PACED_CHUNK, 4, 0.005 + 0.0001 * REACH * MIN_PACED_CHUNK)
     assert fresh.budget(128, running=True) == pytest.approx(SHARE * 50, abs=1)
+
+
+def test_a_line_priced_cheap_on_small_chunks_is_not_extrapolated_far():
+    """Noisy steps of up to 8 prompt tokens beside three streams at the ``1b`` shape priced a token at about 4 ms
+    (it costs 15-17): the share would be 71 tokens, about 1.5 s where a step is 0.6 s. The next step feeds at most
+    ``REACH`` times the most a recent step fed; once the wider steps measure the real price, the share applies."""
+    pacer = _pacer([(0, 0.595), (8, 0.627), (0, 0.600), (4, 0.611), (0, 0.590), (8, 0.628)], decoding=3)
+    a, b = pacer.line()
+    assert SHARE * a / b > 60
+    assert pacer.budget(512, running=True) == REACH * 8
+    for tokens in (16, 0, 16, 16, 0, 16, 16, 16):
+        pacer.observe(tokens, 3, 0.600 + 0.016 * tokens)
+    a, b = pacer.line()
+    assert b > 0.010 and pacer.budget(512, running=True) == int(SHARE * a / b) < REACH * 16
 
 
 def _speculative_steps(seed: int, steps: int) -> list[tuple[int, int, float]]:
@@ -95,7 +112,8 @@ def test_a_prompt_token_is_priced_apart_from_a_wider_decoding_step():
     plain_step = statistics.fmean(s for t, _, s in steps if t == 0)
     naive = statistics.fmean((s - plain_step) / t for t, _, s in steps if t)
     assert naive > 2 * b  # what the mean step without prompts would have made of it
-    assert pacer.budget(1024, running=True) == int(SHARE * a / b)
+    widest = max(t * DECAY ** age for age, (t, _, _) in enumerate(reversed(steps)))  # the chunks measured
+    assert pacer.budget(1024, running=True) == min(int(SHARE * a / b), int(REACH * widest))
 
 
 def test_decoding_tokens_that_follow_the_prompt_tokens_are_not_told_apart():

@@ -37,6 +37,12 @@ last one without prompt tokens (or the first paced one) feeds none. It costs the
 in ``PROBE_EVERY``, and the streams nothing.
 
 The floor keeps a prompt moving however slow a prefill is: a chunk of ``MIN_PACED_CHUNK`` tokens a step.
+
+The line is not trusted far past what it measured: a step feeds at most ``REACH`` times the most prompt
+tokens a recent step fed (that most decaying by ``DECAY`` per step), so a chunk grows by doubling from the
+floor. Fitted on chunks of up to 8 tokens beside three streams at the ``1b`` shape, the line once priced a
+token at 4 ms (it costs 15-17) and the next step fed 71 tokens: 1.5 s, where the share allows 0.9
+(``docs/lab-notes/2026-11-29-probes.md``).
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ DECAY = 0.95
 PROBE_EVERY = 16
 """Steps with prompt tokens after which one feeds none, so that the fit sees steps without them."""
 
+REACH = 2
+"""How many times the most prompt tokens a recent step fed the next step may feed."""
+
 MIN_FIT_STEPS = 8
 """Steps measured before the decoding tokens enter the fit (three unknowns from a handful of noisy steps)."""
 
@@ -75,6 +84,7 @@ class PrefillPacer:
         self._steps = 0  # steps measured
         self._last_decoding = 0.0  # the decoding tokens of the last step measured
         self._since_plain = PROBE_EVERY  # steps since the last one that fed no prompt token
+        self._widest = 0.0  # the most prompt tokens a step fed, decayed as the fit
 
     def observe(self, tokens: int, decoding: int, seconds: float) -> None:
         """A scheduler step that ran the running streams' ``decoding`` tokens (rows plus drafts) and fed
@@ -82,6 +92,7 @@ class PrefillPacer:
         self._since_plain = 0 if tokens == 0 else self._since_plain + 1
         self._steps += 1
         self._last_decoding = d = float(decoding)
+        self._widest = max(float(tokens), self._widest * DECAY)
         self.fit.add(tokens, seconds)
         self._d_sums = [s * DECAY + v for s, v in zip(self._d_sums, (d, d * d, d * tokens, d * seconds))]
 
@@ -115,4 +126,5 @@ class PrefillPacer:
         if line is None or line[1] <= 0:  # the token's cost is measured on what this step feeds
             return min(MIN_PACED_CHUNK, cap)
         a, b = line
-        return max(min(MIN_PACED_CHUNK, cap), min(cap, int(SHARE * a / b)))
+        reach = max(MIN_PACED_CHUNK, int(REACH * self._widest))
+        return max(min(MIN_PACED_CHUNK, cap), min(cap, reach, int(SHARE * a / b)))

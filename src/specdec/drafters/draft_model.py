@@ -35,9 +35,9 @@ class DraftModelDrafter(DraftLM):
     invariant: a slot holds a prefix of the committed context, plus the drafts of the
     current step. ``propose`` first feeds each drafting row's committed tokens not cached yet (its
     prompt on its first draft; the pending token; after a fully accepted step the last draft too;
-    more after a step the row sat out), then one token per row per draft position; ``observe`` rolls back the drafts
-    that were rejected. A row draws from its generator only for its own ``ks[b]`` drafts.
-    A draft whose tokenizer differs from the target's is built as a
+    more after a step the row sat out), then one token per row per draft position; ``observe``
+    rolls back the drafts that were rejected. A row draws from its generator only for its own
+    ``ks[b]`` drafts. A draft whose tokenizer differs from the target's is built as a
     :class:`~specdec.drafters.cross_tokenizer.CrossTokenizerDrafter` (drafts converted through text).
     With a draft vocabulary (``draft_vocab_size``, or the default stored with the draft folder's token
     counts; :mod:`specdec.drafters.draft_vocab`) every draft forward scores only those rows of the
@@ -103,7 +103,7 @@ class DraftModelDrafter(DraftLM):
         """Start each slot from the blocks the prefix cache holds of the prompt (prompts longer than the draft's
         context are left for ``propose`` to skip). The rest of the context is fed by the row's first
         ``propose``, not here: a row that never drafts (speculation off, as auto k turns it at saturation) costs
-        the draft nothing. Prefilling every prompt here took 4.4% of a 64-stream run at the ``1b`` shape with
+        the draft nothing. Prefilling every prompt here took 4.3% of a 64-stream run at the ``1b`` shape with
         speculation off on 98% of the steps (``docs/lab-notes/2026-11-29-probes.md``)."""
         for s in seqs:
             self.cache.release(s.slot)
