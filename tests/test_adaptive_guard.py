@@ -67,7 +67,7 @@ class World:
         chosen = []
         for _ in range(steps):
             before = self.policy.next_probe
-            ks = self.policy.choose(seqs, [MAX_K] * len(seqs), backlog)
+            ks = self.policy.choose(seqs, [MAX_K] * len(seqs), None if backlog is None else lambda rows: backlog)
             accepted = []
             for k in ks:
                 a = 0

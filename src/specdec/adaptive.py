@@ -124,6 +124,7 @@ need not repeat the same tokens run to run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
@@ -168,7 +169,8 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
+    def choose(self, seqs: list[Sequence], limits: list[int],
+               backlog: Callable[[list[Sequence]], list[int]] | None = None) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
         each row's drafter would catch up on, does not change a fixed k)."""
         return [min(self.k, limit) for limit in limits]
@@ -284,9 +286,11 @@ class AdaptiveK:
         """Tokens a step drafting ``ks`` feeds the target."""
         return tokens_fed(ks, max(ks), self.padded)
 
-    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
-        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step, ``backlog[b]`` the
-        positions its drafter would catch up on before drafting (None: nothing), which bounds a probe's rows."""
+    def choose(self, seqs: list[Sequence], limits: list[int],
+               backlog: Callable[[list[Sequence]], list[int]] | None = None) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step. ``backlog(seqs)[b]``
+        is the positions row ``b``'s drafter would catch up on before drafting (None: nothing), which bounds a
+        probe's rows; it is asked only on a probe while speculation is off, not every step."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
@@ -326,7 +330,7 @@ class AdaptiveK:
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe:  # invert the decision once
             if not any(ks):
-                ks = probe if backlog is None else least_behind(probe, backlog)
+                ks = probe if backlog is None else least_behind(probe, backlog(seqs))
                 if below:
                     self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
             elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:

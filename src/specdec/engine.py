@@ -270,7 +270,7 @@ class Engine:
         #    emit minus the one the target always adds.
         #    A probe while speculation is off drafts the rows whose drafters have the least to catch up.
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs],
-                                self.drafter.backlog(seqs) if self.drafter is not None else None)
+                                self.drafter.backlog if self.drafter is not None else None)
         draft = self.drafter.propose(seqs, ks, sampling) if self.drafter is not None and any(ks) else None
         if constrained:  # drafts cut at their first invalid token; the masks of every verified position
             draft, masks = self._constrain(grammars, draft, sampling)

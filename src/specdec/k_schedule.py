@@ -12,6 +12,7 @@ Any k fixed before a step is drafted keeps verification lossless.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 from specdec.errors import SpecDecError
@@ -68,7 +69,8 @@ class ScheduledK:
         """The schedule's k for a step of ``rows`` rows."""
         return self.ks[bisect_right(self.sizes, rows) - 1]
 
-    def choose(self, seqs: list[Sequence], limits: list[int], backlog: list[int] | None = None) -> list[int]:
+    def choose(self, seqs: list[Sequence], limits: list[int],
+               backlog: Callable[[list[Sequence]], list[int]] | None = None) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
         each row's drafter would catch up on, does not change a schedule)."""
         k = self.k_for(len(seqs))
