@@ -150,6 +150,9 @@ def test_draft_pool_rolls_back_in_its_own_token_space(pair):
         held = {s.slot: list(drafter.fed[s.slot]) for s in seqs}
         observe(seqs, num_accepted)
         for s in seqs:
+            if not held[s.slot]:  # nothing in the pool (the row has not drafted): encoded when it does
+                assert s.slot not in drafter.context and drafter.cache.lengths[s.slot] == 0
+                continue
             context, fed = drafter.context[s.slot], drafter.fed[s.slot]
             assert drafter.cache.lengths[s.slot] == len(fed) < len(context)
             assert fed == context[: len(fed)] == held[s.slot][: len(fed)]
@@ -159,6 +162,46 @@ def test_draft_pool_rolls_back_in_its_own_token_space(pair):
     drafter.observe = checked
     llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert gaps and sum(gaps) / len(gaps) < 3
+
+
+def test_a_row_that_sits_out_costs_the_draft_nothing_and_catches_up_when_it_drafts(pair):
+    """A row that does not draft (auto k's k = 0) is neither encoded in the draft's tokens nor fed to the draft;
+    ``backlog`` counts the draft tokens its next proposal feeds; that proposal feeds them all, and the output
+    is still the target's greedy output."""
+    spec = {"method": "draft_model", "model": str(pair["permuted"]), "num_speculative_tokens": 2}
+    llm = LLM(pair["target"], speculative_config=spec, dtype="float64", max_num_seqs=2)
+    engine, drafter = llm.engine, llm.engine.drafter
+    encodes = spy(drafter, "_draft_context")
+    forwards = spy(drafter.model, "forward")
+    tok = PreTrainedTokenizerFast.from_pretrained(pair["target"])
+    prompt = tok.encode(PROMPTS[0])
+    llm.submit({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    engine.policy.choose = lambda seqs, limits, backlog=None: [0] * len(seqs)  # sit out
+    outputs = [o.token_ids for _ in range(4) for o in llm.step()]
+    seq = llm.scheduler.running[0]
+    assert not encodes and not forwards and drafter.cache.lengths[seq.slot] == 0
+    text = tok.decode(seq.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    committed = len(drafter.draft_tokenizer.encode(text))
+    assert drafter.backlog([seq]) == [committed] and committed > len(prompt)
+    engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    outputs += [o.token_ids for o in llm.step()]
+    assert forwards and drafter.backlog([seq])[0] <= 2  # caught up: the pending token and an accepted draft
+    while llm.scheduler.has_work:
+        outputs += [o.token_ids for o in llm.step()]
+    assert [t for out in outputs for t in out] == plain_greedy(pair["target"], [PROMPTS[0]], 16)[0]
+    assert llm.batch_metrics.num_draft_tokens > 0
+
+
+def spy(obj, name: str) -> list:
+    """Replace ``obj.name`` by a wrapper that records each call's arguments; returns the record."""
+    calls, method = [], getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+    return calls
 
 
 SAMPLES = 1200

@@ -64,8 +64,9 @@ def target_continuation(tokenizer, committed: list[int], text: str, limit: int, 
 class CrossTokenizerDrafter(DraftLM):
     """A draft model whose tokenizer differs from the target's (built by ``draft_model``'s
     ``from_config``; see the module docstring). Per slot it keeps ``context`` (the committed
-    text in draft tokens) and ``fed`` (the draft tokens its KV pool holds, a prefix of the
-    context plus the last drafts), with ``len(fed) < len(context)`` between steps."""
+    text in draft tokens; absent while the pool holds nothing of the row, until it drafts) and
+    ``fed`` (the draft tokens its KV pool holds, a prefix of the context plus the last drafts),
+    with ``len(fed) < len(context)`` between steps."""
 
     description = "draft model with another tokenizer: drafts converted through text, verified as deterministic"
 
@@ -110,27 +111,47 @@ class CrossTokenizerDrafter(DraftLM):
         return full[len(base):].rstrip("\ufffd") if full.startswith(base) else ""
 
     def add(self, seqs: list[Sequence]) -> None:
-        """Encode the prompts in the draft's tokens and prefill all but the last (prompts beyond the
-        draft's context are never drafted for)."""
-        rows = []
+        """Start each slot empty. The prompt is encoded in the draft's tokens and fed by the row's first
+        ``propose``, not here, as :meth:`DraftModelDrafter.add <specdec.drafters.draft_model.DraftModelDrafter.add>`
+        does: a row that never drafts (speculation off, as auto k turns it at saturation) costs the draft
+        nothing, neither a forward nor an encoding."""
         for s in seqs:
             self.cache.release(s.slot)
-            context = self._draft_context(s)
-            self.context[s.slot] = context
-            self.fed[s.slot] = context[:-1] if len(context) <= self.capacity else []
-            if 1 < len(context) <= self.capacity:
-                rows.append(s)
-        for batch in prefill_batches([self.fed[s.slot] for s in rows], [s.slot for s in rows], self.model.device):
+            self.context.pop(s.slot, None)
+            self.fed[s.slot] = []
+
+    def _context(self, seq: Sequence) -> list[int]:
+        """The row's committed context in draft tokens, encoded now if no step has since it last changed."""
+        if seq.slot not in self.context:
+            self.context[seq.slot] = self._draft_context(seq)
+        return self.context[seq.slot]
+
+    def backlog(self, seqs: list[Sequence]) -> list[int]:
+        """The draft tokens of each row's committed text that its pool does not hold (the pending one at least)."""
+        return [len(self._context(s)) - len(self.fed[s.slot]) for s in seqs]
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed each row's context the pool lacks but its last two draft tokens in prefill forwards, as the draft
+        model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter._catch_up` does: the proposal's own
+        forward then feeds at most two tokens a row."""
+        rows = [s for s in seqs if len(self.context[s.slot]) - 2 > len(self.fed[s.slot])]
+        starts = [len(self.fed[s.slot]) for s in rows]
+        for batch in prefill_batches([self.context[s.slot][c:-2] for s, c in zip(rows, starts)],
+                                     [s.slot for s in rows], self.model.device, starts=starts):
             self.model.forward(batch, self.cache)
+        for s in rows:
+            self.fed[s.slot] = self.context[s.slot][:-2]
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
         """Greedy ``ks[b] + 1`` draft tokens per row in one chain (the longest row's length), converted
-        to at most ``ks[b]`` target tokens; ``sampling`` is unused (the draft is deterministic)."""
+        to at most ``ks[b]`` target tokens; ``sampling`` is unused (the draft is deterministic). Prompts
+        beyond the draft's context are never drafted for."""
         width = max(ks, default=0) + 1
         active = [b for b, (s, k) in enumerate(zip(seqs, ks))
-                  if k > 0 and self.context[s.slot] and len(self.context[s.slot]) + width - 1 <= self.capacity]
+                  if k > 0 and (context := self._context(s)) and len(context) + width - 1 <= self.capacity]
         rows: list[list[int]] = [[] for _ in seqs]
         if active:
+            self._catch_up([seqs[b] for b in active])
             slots = [seqs[b].slot for b in active]
             new = [self.context[slot][len(self.fed[slot]):] for slot in slots]
             batch = ForwardBatch.from_rows(new, [len(self.fed[slot]) for slot in slots], slots, self.model.device,
@@ -149,10 +170,14 @@ class CrossTokenizerDrafter(DraftLM):
         return DraftBatch.from_lists(rows, self.model.device)
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int]) -> None:
-        """Re-encode the new committed text and roll the draft's pool back to what it shares with it."""
+        """Re-encode the new committed text and roll the draft's pool back to what it shares with it (a row
+        whose pool holds nothing is encoded when it next drafts)."""
         for s in seqs:
-            context = self._draft_context(s)
             fed = self.fed[s.slot]
+            if not fed:
+                self.context.pop(s.slot, None)
+                continue
+            context = self._draft_context(s)
             keep = max(0, min(common_prefix(fed, context), len(context) - 1))
             self.cache.set_length(s.slot, min(keep, self.cache.lengths[s.slot]))
             self.fed[s.slot] = fed[: self.cache.lengths[s.slot]]
