@@ -12,7 +12,9 @@ per-token cost ``b``. A benchmark, not a test: ``docs/lab-notes/2026-11-28-round
         --json /tmp/flood.json
 
 ``--json`` keeps every step (seconds, rows decoding and being fed, prompt tokens fused, the pacer's ``a`` and
-``b``), from which ``docs/lab-notes/2026-11-29-flood.md`` grouped the flood's steps by rows and prompt tokens.
+``b``; ``at``: its start on ``time.perf_counter``, so that time between steps shows; ``cpu``: the process's CPU
+seconds in it, all threads, so that a step the machine took the cores from shows; ``gc``: the collector's pauses
+in it), from which ``docs/lab-notes/2026-11-29-flood.md`` grouped the flood's steps by rows and prompt tokens.
 
 Wraps ``Scheduler.step`` and three ``Engine`` methods for the run (nothing is changed for good). The
 summary covers the measured requests (from the first step with two sequences; the warm-up runs one).
@@ -21,6 +23,7 @@ summary covers the measured requests (from the first step with two sequences; th
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -33,6 +36,16 @@ from specdec.cli import build_parser
 
 STEPS: list[dict] = []
 CURRENT: dict = {}
+GC_PAUSES: list[float] = []
+"""The garbage collector's pauses (seconds) since the current step began."""
+
+
+def collector(phase: str, info: dict) -> None:
+    """``gc.callbacks`` hook: each collection's pause into ``GC_PAUSES``."""
+    if phase == "start":
+        GC_PAUSES.append(-time.perf_counter())
+    elif GC_PAUSES:
+        GC_PAUSES[-1] += time.perf_counter()
 
 
 def wrap() -> None:
@@ -43,12 +56,14 @@ def wrap() -> None:
     def timed_step(self):
         CURRENT.clear()
         CURRENT.update(running=len(self.running), prefilling=len(self.prefilling), start=0.0, fed=0)
-        tic = time.perf_counter()
+        GC_PAUSES.clear()
+        tic, cpu = time.perf_counter(), time.process_time()
         out = step(self)
         if out:
             line = self.pacer.line() if self.pacer else None
             STEPS.append(dict(CURRENT, seconds=time.perf_counter() - tic, a=line[0] if line else None,
-                              b=line[1] if line else None, drafted=sum(o.num_drafted for o in out)))
+                              b=line[1] if line else None, drafted=sum(o.num_drafted for o in out),
+                              at=tic, cpu=time.process_time() - cpu, gc=sum(p for p in GC_PAUSES if p > 0)))
         return out
 
     def timed_start(self, ready):
@@ -65,6 +80,7 @@ def wrap() -> None:
         CURRENT["fed"] = sum(chunks or ()) if prompts else 0
         return feeding(self, seqs, prompts, chunks)
 
+    gc.callbacks.append(collector)
     scheduler_module.Scheduler.step = timed_step
     engine_module.Engine._start_drafter = timed_start
     engine_module.Engine._record = kept_times

@@ -1,15 +1,21 @@
-"""The in-process serving benchmark (``specdec bench-serve --in-process``): its closed-loop driver on a
-tiny model (every request served whole, TTFT and ITL counted per token), the multi-turn chat client
-(each turn carries the shared prefix and the conversation so far), the flood that stops with the streams
-it floods, the comparison against plain decoding, and a tiny end-to-end run on the embedded pair."""
+"""The serving benchmark (``specdec bench-serve``): the in-process closed-loop driver on a tiny model
+(every request served whole, TTFT and ITL counted per token), the open loop (Poisson arrivals, the same for
+every method; requests sent on time whatever runs), the multi-turn chat client (each turn carries the shared
+prefix and the conversation so far), the flood that stops with the streams it floods, the comparison against
+plain decoding, a tiny end-to-end run on the embedded pair, and the load generator against a server."""
 
 import json
+import math
+import statistics
+import time
 
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.bench.serving import ChatClient, Client, compare, drive, flood_streams, summarize, table
+from specdec.bench.arrivals import poisson_arrivals
+from specdec.bench.serving import ChatClient, Client, compare, drive, drive_open, flood_streams, summarize, table
 from specdec.cli import main
+from specdec.errors import SpecDecError
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +37,48 @@ def test_drive_serves_every_request_and_counts_latencies(tiny):
     assert row["tokens"] == 36 and row["goodput_requests_per_second"] == pytest.approx(row["requests_per_second"])
     assert summarize(traces, seconds, ttft_slo_ms=0.0, itl_slo_ms=1e9)["goodput_requests_per_second"] == 0.0
     assert not tiny.scheduler.has_work
+
+
+def test_poisson_arrivals_are_seeded_and_exponentially_spaced_at_the_rate():
+    times = poisson_arrivals(4000, 2.0, seed=3)
+    assert times == poisson_arrivals(4000, 2.0, seed=3) != poisson_arrivals(4000, 2.0, seed=4)
+    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert statistics.fmean(gaps) == pytest.approx(0.5, rel=0.05)  # the mean gap is 1 / rate (3 sigma: 4%)
+    # exponential, not evenly spaced: half the gaps are under ln 2 / rate, and their spread equals their mean
+    assert sum(g < math.log(2) / 2.0 for g in gaps) / len(gaps) == pytest.approx(0.5, abs=0.03)
+    assert statistics.stdev(gaps) == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, float("nan"), float("inf")])
+def test_poisson_arrivals_refuse_a_rate_that_is_not_a_positive_number(rate):
+    with pytest.raises(SpecDecError, match="--request-rate levels must be finite numbers"):
+        poisson_arrivals(3, rate, seed=0)
+
+
+def test_drive_open_sends_each_request_at_its_arrival_whatever_runs(tiny):
+    """Requests are submitted at their arrival times (idling until the next when nothing runs), their TTFT
+    counts from the arrival, and every one is served whole."""
+    prompts = [[(5 * i + j) % 90 + 1 for j in range(4 + 3 * i)] for i in range(5)]
+    arrivals = [0.0, 0.0, 0.01, 0.4, 0.45]
+    submitted = []
+    submit = tiny.submit
+
+    def timed_submit(*args, **kwargs):
+        submitted.append(time.perf_counter())
+        return submit(*args, **kwargs)
+
+    tiny.submit = timed_submit
+    try:
+        tic = time.perf_counter()
+        traces, seconds = drive_open(tiny, prompts, arrivals, SamplingParams(max_tokens=5, ignore_eos=True))
+    finally:
+        del tiny.submit
+    assert len(traces) == 5 and seconds >= 0.45 and not tiny.scheduler.has_work
+    for trace, arrival, sent in zip(traces, arrivals, submitted):
+        assert trace.submitted == pytest.approx(tic + arrival, abs=0.005)
+        assert sent >= trace.submitted  # never early; late only by the step it arrived in
+        assert trace.tokens == 5 == len(trace.output) and trace.ttft >= sent - trace.submitted
 
 
 def test_chat_client_carries_the_prefix_and_the_conversation():
@@ -111,6 +159,61 @@ def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
     assert {(c["workload"], c["concurrency"]) for c in data["comparison"]} == {
         (w, c) for w in ("code", "chat") for c in (1, 2)}
     assert "| method | workload |" in capsys.readouterr().out
+
+
+def test_bench_serve_in_process_open_loop(tmp_path, capsys):
+    """--request-rate: the code workload's levels are request rates (rows keyed by the rate, compared with
+    plain decoding at the same rate); the chat workload stays a closed loop at the concurrency levels."""
+    out = tmp_path / "serve.json"
+    assert main(["bench-serve", "--in-process", "--methods", "plain,suffix", "--workloads", "code,chat",
+                 "--concurrency", "2", "--request-rate", "40", "80", "--max-tokens", "3", "--num-requests", "3",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {(r["method"], r["workload"], r["concurrency"], r["request_rate"]) for r in data["rows"]} == {
+        (m, w, c, rate) for m in ("plain", "suffix") for w, c, rate in (("code", None, 40.0), ("code", None, 80.0),
+                                                                        ("chat", 2, None))}
+    assert all(r["requests"] == 3 and r["tokens"] == 9 for r in data["rows"] if r["workload"] == "code")
+    assert {(c["workload"], c["concurrency"], c["request_rate"]) for c in data["comparison"]} == {
+        ("code", None, 40.0), ("code", None, 80.0), ("chat", 2, None)}
+    captured = capsys.readouterr()
+    assert "| suffix | code | 40 req/s |" in captured.out and "| suffix | chat | 2 |" in captured.out
+    assert all((c["targets_met"] is None) == (c["request_rate"] is not None) for c in data["comparison"])
+    assert captured.out.count("| n/a |") == 2
+    assert "suffix      code           80/s" in captured.err
+
+
+@pytest.mark.parametrize("argv", [["--in-process", "--methods", "plain"], []])
+def test_bench_serve_bad_request_rate(argv, capsys):
+    assert main(["bench-serve", *argv, "--request-rate", "2", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--request-rate levels must be finite numbers of requests per second above 0, got 0.0" \
+        in err[0]
+
+
+def test_bench_serve_drives_a_server_in_a_closed_and_an_open_loop(text_model_dirs, tmp_path, capsys, monkeypatch):
+    """The load generator against a running server: every request of a level completes, at a concurrency
+    and at a request rate, and the pool is empty after (prompts short enough for the tiny model's context)."""
+    from test_server import PLAIN, TEMPLATE, Served, make_llm
+
+    import specdec.train.corpus
+    from specdec.server import create_app
+
+    monkeypatch.setattr(specdec.train.corpus, "code_prompts", lambda n, seed: [f"x = {i}\n" for i in range(n)])
+
+    served = Served(create_app(make_llm(text_model_dirs, None, PLAIN), served_model_name="tiny", api_key="",
+                               chat_template=TEMPLATE))
+    try:
+        out = tmp_path / "levels.json"
+        for level in (["--concurrency", "2"], ["--request-rate", "20"]):
+            assert main(["bench-serve", "--base-url", served.root + "/v1", *level, "--num-requests", "4",
+                         "--max-tokens", "3", "--warmup", "1", "--num-prompts", "4", "--json", str(out)]) == 0
+            [row] = json.loads(out.read_text())["levels"]
+            assert row["completed"] == 4 == row["requests"] and row["errors"] == 0 and row["tokens"] == 12
+            assert row["running_after"] == 0 and row["ttft_ms_p50"] > 0
+        assert row["request_rate"] == 20.0 and row["concurrency"] is None
+        assert "20/s  4/4 ok" in capsys.readouterr().out
+    finally:
+        served.stop()
 
 
 def test_bench_serve_bad_methods(capsys):

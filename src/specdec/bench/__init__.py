@@ -12,6 +12,9 @@
 - :mod:`specdec.bench.report` writes the markdown tables, the JSON of raw measurements and the plots;
 - :mod:`specdec.bench.prepare` turns the flags into models, runners and prompts, and
   :mod:`specdec.bench.cli` is the ``specdec bench`` sub-command.
+
+``specdec bench-serve --in-process`` is :mod:`specdec.bench.serving` (the serving benchmark's workloads and
+its driver of the server's submit/step loop); :mod:`specdec.bench.arrivals` times an open loop's requests.
 """
 
 from specdec.bench.harness import BenchResult, BenchSettings, run_benchmark

@@ -4,20 +4,23 @@ no HTTP in between, so that what is measured is the scheduler and the engine und
 
 Workloads (closed loop: ``c`` clients, each sending its next request when its last one finished):
 
-- ``code``: single-turn completions of held-out code prompts, ``max_tokens`` each (``ignore_eos``).
+- ``code``: single-turn completions of held-out code prompts, ``max_tokens`` each (``ignore_eos``). With
+  ``--request-rate`` an open loop instead: ``--num-requests`` of them arrive at random at each rate, whatever
+  is running (:mod:`specdec.bench.arrivals`), so that every method is sent the same requests at the same
+  moments; a closed loop at saturation sends a faster method more requests and more prompt to prefill.
 - ``chat``: multi-turn conversations sharing one system prefix; each turn's prompt is the prefix, the
   conversation so far (questions and the model's own answers) and a new question.
 - ``flood``: ``c`` clients each running ``--flood-streams`` long streams one after the other, measured alone
   and then while clients keep sending long prompts (one token each): how much the prompt flood moves the
   running streams' p99 inter-token latency.
 
-Per method and concurrency: throughput (generated tokens per second of wall time), TTFT and ITL p50,
-p99 and mean, and goodput (requests per second whose TTFT and mean ITL both meet ``--goodput-ttft-ms`` and
-``--goodput-itl-ms``), plus the speculation policy's decisions at that load (rows given each k, steps
-with speculation off). With ``--rounds N`` every method runs ``N`` times, interleaved, and each ratio to
-plain decoding is taken within a round, then its median over the rounds (a busy machine's speed moves
-by tens of percent over minutes). ITL follows :mod:`specdec.server.loadgen`: a step that hands a request ``m``
-tokens ``g`` seconds after its previous ones counts ``m`` latencies of ``g / m`` (time per output token).
+Per method and load (concurrency or request rate): throughput (generated tokens per second of wall time), TTFT
+and ITL p50, p99 and mean, and goodput (requests per second whose TTFT and mean ITL both meet
+``--goodput-ttft-ms`` and ``--goodput-itl-ms``), plus the speculation policy's decisions at that load (rows
+given each k, steps with speculation off). With ``--rounds N`` every method runs ``N`` times, interleaved, and
+each ratio to plain decoding is taken within a round, then its median over the rounds (a busy machine's speed
+moves by tens of percent over minutes). ITL follows :mod:`specdec.server.loadgen`: a step that hands a request
+``m`` tokens ``g`` seconds after its previous ones counts ``m`` latencies of ``g / m`` (time per output token).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.arrivals import check_rates, poisson_arrivals
 from specdec.errors import SpecDecError
 from specdec.server.loadgen import percentile
 
@@ -89,6 +93,26 @@ class ChatClient(Client):
         return self.prefix + self.history
 
 
+def collect(handle, trace: Trace, now: float) -> bool:
+    """Take a request's new outputs into its trace at time ``now``: the first output's tokens give the TTFT,
+    each later output of ``m`` tokens ``m`` latencies of its gap over ``m``; True once the request finished."""
+    if handle.error is not None:
+        raise SpecDecError(f"a request failed in the benchmark: {handle.error}")
+    finished = False
+    while handle.pending:
+        item = handle.pending.popleft()
+        new = len(item.token_ids)
+        if new:
+            if trace.ttft is None:
+                trace.ttft = now - trace.submitted
+            else:
+                trace.itl.extend([(now - trace.last) / new] * new)
+            trace.last, trace.tokens = now, trace.tokens + new
+            trace.output += item.token_ids
+        finished = finished or item.finished
+    return finished
+
+
 def drive(llm, clients: list[Client], params, measured: list[Client] | None = None) -> tuple[list[Trace], float]:
     """Run the clients to completion through ``llm.submit`` and ``llm.step``; returns the traces of the
     requests of ``measured`` clients (default: all) and the wall time. A client not measured sends
@@ -117,21 +141,35 @@ def drive(llm, clients: list[Client], params, measured: list[Client] | None = No
         llm.step()
         now = time.perf_counter()
         for request_id, (client, handle, trace) in list(active.items()):
-            if handle.error is not None:
-                raise SpecDecError(f"a request failed in the benchmark: {handle.error}")
-            while handle.pending:
-                item = handle.pending.popleft()
-                new = len(item.token_ids)
-                if new:
-                    if trace.ttft is None:
-                        trace.ttft = now - trace.submitted
-                    else:
-                        trace.itl.extend([(now - trace.last) / new] * new)
-                    trace.last, trace.tokens = now, trace.tokens + new
-                    trace.output += item.token_ids
-                if item.finished:
-                    del active[request_id]
-                    send(client, trace.output)
+            if collect(handle, trace, now):
+                del active[request_id]
+                send(client, trace.output)
+    return traces, time.perf_counter() - tic
+
+
+def drive_open(llm, prompts: list[list[int]], arrivals: list[float], params) -> tuple[list[Trace], float]:
+    """Send ``prompts[i]`` ``arrivals[i]`` seconds after the start (:func:`specdec.bench.arrivals.poisson_arrivals`),
+    whatever is running, and step until all are served; returns their traces and the wall time. A request that
+    arrives during a step is submitted after it, and its TTFT counts from its arrival, as a server's would
+    (it waited for the step, as it would have in the server's queue)."""
+    active: list[tuple[Any, Trace]] = []
+    traces: list[Trace] = []
+    due = 0
+    tic = time.perf_counter()
+    while due < len(prompts) or active:
+        now = time.perf_counter()
+        if not active and due < len(prompts) and tic + arrivals[due] > now:
+            time.sleep(tic + arrivals[due] - now)  # idle until the next request arrives
+            now = time.perf_counter()
+        while due < len(prompts) and tic + arrivals[due] <= now:
+            handle = llm.submit({"prompt_token_ids": prompts[due]}, params)
+            trace = Trace(tic + arrivals[due])
+            active.append((handle, trace))
+            traces.append(trace)
+            due += 1
+        llm.step()
+        now = time.perf_counter()
+        active = [(handle, trace) for handle, trace in active if not collect(handle, trace, now)]
     return traces, time.perf_counter() - tic
 
 
@@ -222,14 +260,24 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     drive(llm, [Client(copy.deepcopy(workloads["code"][:4]))], params)  # warm-up: shapes, the policy's first fits
     rows = []
 
-    def record(workload: str, concurrency: int, traces: list[Trace], seconds: float, before: dict, **extra) -> None:
-        row = {"method": method, "workload": workload, "concurrency": concurrency, "round": round_number,
+    def record(workload: str, concurrency: int | None, traces: list[Trace], seconds: float, before: dict,
+               request_rate: float | None = None, **extra) -> None:
+        row = {"method": method, "workload": workload, "concurrency": concurrency, "request_rate": request_rate,
+               "round": round_number,
                **summarize(traces, seconds, args.goodput_ttft_ms, args.goodput_itl_ms),
                "policy": decisions(before, llm.batch_metrics.to_dict()), **extra}
         rows.append(row)
         print(line(row, args.rounds), file=sys.stderr, flush=True)
 
     for workload in args.workloads:
+        if workload == "code" and args.request_rate:  # open loop: the levels are request rates
+            num = args.num_requests or max(8, 2 * max(args.concurrency))
+            queue = [workloads["code"][i % len(workloads["code"])] for i in range(num)]
+            for rate in args.request_rate:
+                before = llm.batch_metrics.to_dict()
+                traces, seconds = drive_open(llm, queue, poisson_arrivals(num, rate, args.seed), params)
+                record(workload, None, traces, seconds, before, request_rate=rate)
+            continue
         for c in args.concurrency:
             before = llm.batch_metrics.to_dict()
             if workload == "code":
@@ -266,11 +314,17 @@ def line(row: dict[str, Any], rounds: int = 1) -> str:
     off = f"{policy['speculation_off_steps']}/{policy['steps']} steps off"
     extra = f" | p99 ITL x{row['itl_p99_vs_baseline']:.2f} of no flood" if row.get("itl_p99_vs_baseline") else ""
     which = f"round {row['round']}/{rounds} " if rounds > 1 else ""
-    return (f"{which}{row['method']:<11} {row['workload']:<14} c={row['concurrency']:<3} "
+    return (f"{which}{row['method']:<11} {row['workload']:<14} {level(row):<5} "
             f"{row['tokens_per_second']:7.1f} tok/s "
             f"| goodput {row['goodput_requests_per_second']:.2f} req/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
             f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
             f"p99 {row['itl_ms_p99']:.1f} | {off}{extra}")
+
+
+def level(row: dict[str, Any]) -> str:
+    """A row's load: ``c=4`` (four clients in a closed loop) or ``0.5/s`` (requests arriving at that rate)."""
+    rate = row.get("request_rate")
+    return f"{rate:g}/s" if rate is not None else f"c={row['concurrency']}"
 
 
 RATIOS = ("throughput_vs_plain", "itl_p99_vs_plain", "itl_mean_speedup")
@@ -280,23 +334,28 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each speculative row against plain decoding's of the same round, workload and concurrency: throughput
     ratio, p99 ITL ratio, mean ITL speedup; over several rounds the median of each ratio, with its range
     (``range``: ratio -> [lowest, highest]). Whether the issue's targets hold (throughput >= plain, p99 ITL
-    <= 1.1x plain, at one stream mean ITL >= 1.6x lower) is judged on the medians."""
-    plain = {(r.get("round", 1), r["workload"], r["concurrency"]): r for r in rows if r["method"] == "plain"}
-    ratios: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
+    <= 1.1x plain, at one stream mean ITL >= 1.6x lower) is judged on the medians; the targets are set at
+    concurrencies, so at a request rate (where every method is sent the same requests and throughput follows
+    the rate) ``targets_met`` is None."""
+    def load(r: dict[str, Any]) -> tuple[int | None, float | None]:
+        return r["concurrency"], r.get("request_rate")
+
+    plain = {(r.get("round", 1), r["workload"], load(r)): r for r in rows if r["method"] == "plain"}
+    ratios: dict[tuple[str, str, tuple[int | None, float | None]], list[tuple[float, float, float]]] = {}
     for r in rows:
-        ref = plain.get((r.get("round", 1), r["workload"], r["concurrency"]))
+        ref = plain.get((r.get("round", 1), r["workload"], load(r)))
         if r["method"] == "plain" or ref is None or r["workload"].startswith("flood"):
             continue
-        ratios.setdefault((r["method"], r["workload"], r["concurrency"]), []).append((
+        ratios.setdefault((r["method"], r["workload"], load(r)), []).append((
             r["tokens_per_second"] / ref["tokens_per_second"], r["itl_ms_p99"] / ref["itl_ms_p99"],
             ref["itl_ms_mean"] / r["itl_ms_mean"]))
     out = []
-    for (method, workload, concurrency), values in ratios.items():
+    for (method, workload, (concurrency, rate)), values in ratios.items():
         median = dict(zip(RATIOS, (statistics.median(v[i] for v in values) for i in range(len(RATIOS)))))
         ok = (median["throughput_vs_plain"] >= 1.0 and median["itl_p99_vs_plain"] <= 1.1
-              and (concurrency != 1 or median["itl_mean_speedup"] >= 1.6))
-        entry = {"method": method, "workload": workload, "concurrency": concurrency, **median,
-                 "targets_met": ok, "rounds": len(values)}
+              and (concurrency != 1 or median["itl_mean_speedup"] >= 1.6)) if rate is None else None
+        entry = {"method": method, "workload": workload, "concurrency": concurrency, "request_rate": rate,
+                 **median, "targets_met": ok, "rounds": len(values)}
         if len(values) > 1:
             entry["range"] = {name: [min(v[i] for v in values), max(v[i] for v in values)]
                               for i, name in enumerate(RATIOS)}
@@ -304,16 +363,20 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+TARGETS = {True: "met", False: "missed", None: "n/a"}
+
+
 def table(comparison: list[dict[str, Any]]) -> str:
     """The comparison as a Markdown table (over several rounds: the median, then the range in parentheses)."""
-    lines = ["| method | workload | streams | throughput / plain | p99 ITL / plain | mean ITL speedup | targets |",
+    lines = ["| method | workload | load | throughput / plain | p99 ITL / plain | mean ITL speedup | targets |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for c in comparison:
         spans = c.get("range", {})
         cells = [f"{c[name]:.2f}" + (f" ({spans[name][0]:.2f}-{spans[name][1]:.2f})" if name in spans else "")
                  for name in RATIOS]
-        lines.append(f"| {c['method']} | {c['workload']} | {c['concurrency']} | {' | '.join(cells)} | "
-                     f"{'met' if c['targets_met'] else 'missed'} |")
+        load = f"{c['request_rate']:g} req/s" if c.get("request_rate") is not None else str(c["concurrency"])
+        lines.append(f"| {c['method']} | {c['workload']} | {load} | {' | '.join(cells)} | "
+                     f"{TARGETS[c['targets_met']]} |")
     return "\n".join(lines)
 
 
@@ -353,6 +416,7 @@ def run_in_process(args) -> int:
                            f"got {args.workloads!r}")
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
+    check_rates(args.request_rate)
     args.workloads = workloads_named
     for method in methods:  # a bad --k or --max-step-time-ratio fails now, not after plain decoding's run
         checked_config(speculative_config(method, args.k, "draft", args.max_step_time_ratio))

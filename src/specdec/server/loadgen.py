@@ -2,11 +2,12 @@
 ``--in-process``: the serving benchmark of :mod:`specdec.bench.serving` (no server).
 
 At each concurrency ``c`` it keeps ``c`` streaming ``/v1/completions`` requests in flight until
-``--num-requests`` are done, and reports throughput (generated tokens / wall time), time to
-first token and inter-token latency (p50, p99, mean). Token counts come from vLLM's
-``stream_options.continuous_usage_stats``: a chunk carrying ``m`` new tokens ``g`` seconds after
-the previous one counts ``m`` inter-token latencies of ``g / m`` (the first chunk's tokens are
-covered by the time to first token), so the mean is the time per output token.
+``--num-requests`` are done (a closed loop; with ``--request-rate`` the levels are request rates instead, the
+requests arriving at random at that rate whatever is in flight: an open loop), and reports throughput
+(generated tokens / wall time), time to first token and inter-token latency (p50, p99, mean). Token counts
+come from vLLM's ``stream_options.continuous_usage_stats``: a chunk carrying ``m`` new tokens ``g`` seconds
+after the previous one counts ``m`` inter-token latencies of ``g / m`` (the first chunk's tokens are covered
+by the time to first token), so the mean is the time per output token.
 
 ``--disconnect-fraction`` makes that share of the requests (chosen at random) close their
 connection after a random number of chunks: the soak test. ``/metrics`` is read before and
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.arrivals import check_rates, poisson_arrivals
 from specdec.errors import SpecDecError
 from specdec.inflate.pair import add_shape_flags
 
@@ -97,42 +99,56 @@ async def one_request(client, url: str, body: dict[str, Any], headers: dict[str,
 
 async def run_level(base_url: str, model: str | None, prompts: list[str], concurrency: int, num_requests: int,
                     max_tokens: int, temperature: float, headers: dict[str, str], disconnect_fraction: float,
-                    rng: random.Random) -> tuple[list[Result], float]:
-    """``num_requests`` requests with ``concurrency`` in flight; returns the results and the wall time."""
+                    rng: random.Random, arrivals: list[float] | None = None) -> tuple[list[Result], float]:
+    """``num_requests`` requests, ``concurrency`` in flight (a closed loop), or with ``arrivals`` each sent that
+    many seconds after the start however many are in flight (an open loop, :mod:`specdec.bench.arrivals`);
+    returns the results and the wall time."""
     import httpx
 
     url = base_url.rstrip("/") + "/completions"
     plan = [(prompts[i % len(prompts)], rng.randint(1, 4) if rng.random() < disconnect_fraction else None)
             for i in range(num_requests)]
     results: list[Result] = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    connections = (num_requests if arrivals is not None else concurrency) + 4
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         queue: asyncio.Queue = asyncio.Queue()
         for item in plan:
             queue.put_nowait(item)
 
+        async def send(prompt: str, disconnect_after: int | None) -> None:
+            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+                    "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            if model:
+                body["model"] = model
+            results.append(await one_request(client, url, body, headers, disconnect_after))
+
         async def worker() -> None:
             while not queue.empty():
-                prompt, disconnect_after = queue.get_nowait()
-                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                        "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-                if model:
-                    body["model"] = model
-                results.append(await one_request(client, url, body, headers, disconnect_after))
+                await send(*queue.get_nowait())
+
+        async def at(seconds: float, item: tuple[str, int | None]) -> None:
+            await asyncio.sleep(max(0.0, tic + seconds - time.perf_counter()))
+            await send(*item)
 
         tic = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        if arrivals is None:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        else:
+            await asyncio.gather(*(at(seconds, item) for seconds, item in zip(arrivals, plan)))
         return results, time.perf_counter() - tic
 
 
-def summarize(results: list[Result], seconds: float, concurrency: int) -> dict[str, Any]:
-    """Throughput and latency percentiles of one level (latencies in milliseconds)."""
+def summarize(results: list[Result], seconds: float, concurrency: int | None,
+              request_rate: float | None = None) -> dict[str, Any]:
+    """Throughput and latency percentiles of one level, ``concurrency`` clients or requests arriving at
+    ``request_rate`` a second (latencies in milliseconds)."""
     done = [r for r in results if not r.error and not r.disconnected]
     ttft = [r.ttft * 1000 for r in done if r.ttft is not None]
     itl = [x * 1000 for r in done for x in r.itl]
     tokens = sum(r.tokens for r in results)
     return {
-        "concurrency": concurrency, "requests": len(results), "completed": len(done),
+        "concurrency": concurrency, "request_rate": request_rate, "requests": len(results), "completed": len(done),
         "disconnected": sum(r.disconnected for r in results), "errors": sum(r.error is not None for r in results),
         "first_errors": [r.error for r in results if r.error][:3], "seconds": seconds, "tokens": tokens,
         "tokens_per_second": tokens / seconds if seconds else 0.0, "requests_per_second": len(done) / seconds,
@@ -183,7 +199,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="levels (default 1 4 16 64)")
     p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per level (default: 2 x concurrency, at least 8)")
+                   help="requests per level (default: 2 x concurrency, at least 8; at a request rate, 2 x the "
+                   "largest concurrency level)")
+    p.add_argument("--request-rate", type=float, nargs="+", default=None, metavar="RATE",
+                   help="open loop: the levels are request rates instead of concurrencies (the code workload with "
+                   "--in-process), --num-requests requests arriving at random (a Poisson process, seeded by "
+                   "--seed, the same for every method) at RATE a second on average, whatever is in flight")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per request (ignore_eos; default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
     p.add_argument("--num-prompts", type=int, default=64, help="held-out code prompts to cycle through (default 64)")
@@ -244,6 +265,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
+    check_rates(args.request_rate)
     if not 0.0 <= args.disconnect_fraction <= 1.0:
         raise SpecDecError(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -257,18 +279,22 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         asyncio.run(run_level(args.base_url, args.model, prompts, 1, args.warmup, args.max_tokens,
                               args.temperature, headers, 0.0, rng))
     rows = []
-    for concurrency in args.concurrency:
+    levels = ([(None, rate) for rate in args.request_rate] if args.request_rate
+              else [(concurrency, None) for concurrency in args.concurrency])
+    for concurrency, rate in levels:
         before = settle(args.base_url, headers)
-        num = args.num_requests or max(8, 2 * concurrency)
-        results, seconds = asyncio.run(run_level(args.base_url, args.model, prompts, concurrency, num,
+        num = args.num_requests or max(8, 2 * (concurrency or max(args.concurrency)))
+        arrivals = poisson_arrivals(num, rate, args.seed) if rate is not None else None
+        results, seconds = asyncio.run(run_level(args.base_url, args.model, prompts, concurrency or 0, num,
                                                  args.max_tokens, args.temperature, headers,
-                                                 args.disconnect_fraction, rng))
+                                                 args.disconnect_fraction, rng, arrivals))
         after = settle(args.base_url, headers)
-        row = summarize(results, seconds, concurrency)
+        row = summarize(results, seconds, concurrency, rate)
         row.update(running_after=after.get("running"), waiting_after=after.get("waiting"),
                    rss_mib_before=before.get("rss_bytes", 0) / 2**20, rss_mib_after=after.get("rss_bytes", 0) / 2**20)
         rows.append(row)
-        print(f"c={concurrency:<3} {row['completed']}/{row['requests']} ok, {row['disconnected']} disconnected, "
+        label = f"{rate:g}/s" if rate is not None else f"c={concurrency}"
+        print(f"{label:<5} {row['completed']}/{row['requests']} ok, {row['disconnected']} disconnected, "
               f"{row['errors']} errors | {row['tokens_per_second']:.1f} tok/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
               f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
               f"p99 {row['itl_ms_p99']:.1f} | running after {row['running_after']:.0f} | RSS MiB "
