@@ -8,6 +8,8 @@ per-token cost ``b``. A benchmark, not a test: ``docs/lab-notes/2026-11-28-round
     python scripts/serving_step_trace.py --methods plain,eagle --concurrency 16
     python scripts/serving_step_trace.py --shape 1b --shape-cache /tmp/inflate_1b --methods plain,draft_model \\
         --concurrency 16 --num-requests 32 --max-step-time-ratio 1.25
+    python scripts/serving_step_trace.py --shape 1b --shape-cache /tmp/inflate_1b --methods plain,draft_model \
+        --request-rate 0.3 --num-requests 32 --max-step-time-ratio 1.25
     python scripts/serving_step_trace.py --workload flood --methods plain --concurrency 1 --min-paced-chunk 16 \\
         --json /tmp/flood.json
 
@@ -109,6 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="plain,eagle", help="comma-separated bench-serve methods")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--request-rate", type=float, default=None,
+                        help="an open loop at this many requests a second instead (the code workload)")
     parser.add_argument("--num-requests", type=int, default=None, help="default: bench-serve's (2 x concurrency)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-step-time-ratio", type=float, default=None)
@@ -123,7 +127,7 @@ def main() -> None:
         prefill_pacer.MIN_PACED_CHUNK = cli.min_paced_chunk
     # bench-serve's own settings (its defaults, these flags), the code workload only
     flags = {"--num-requests": cli.num_requests, "--max-step-time-ratio": cli.max_step_time_ratio,
-             "--shape": cli.shape, "--shape-cache": cli.shape_cache}
+             "--shape": cli.shape, "--shape-cache": cli.shape_cache, "--request-rate": cli.request_rate}
     args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency", str(cli.concurrency),
                                       "--max-tokens", str(cli.max_tokens),
                                       *[x for flag, v in flags.items() if v is not None for x in (flag, str(v))]])

@@ -13,7 +13,17 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.bench.arrivals import poisson_arrivals
-from specdec.bench.serving import ChatClient, Client, compare, drive, drive_open, flood_streams, summarize, table
+from specdec.bench.serving import (
+    ChatClient,
+    Client,
+    compare,
+    drive,
+    drive_open,
+    flood_streams,
+    summarize,
+    table,
+    warm_up,
+)
 from specdec.cli import main
 from specdec.errors import SpecDecError
 
@@ -79,6 +89,21 @@ def test_drive_open_sends_each_request_at_its_arrival_whatever_runs(tiny):
         assert trace.submitted == pytest.approx(tic + arrival, abs=0.005)
         assert sent >= trace.submitted  # never early; late only by the step it arrived in
         assert trace.tokens == 5 == len(trace.output) and trace.ttft >= sent - trace.submitted
+
+
+def test_the_warm_up_fits_the_prefill_pacer(model_dirs):
+    """bench-serve's warm-up feeds prompts beside a running stream, so the pacer has a line (a price per prompt
+    token) before the first level; requests one at a time, the warm-up before, never gave it one."""
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(20 + i)] for i in range(6)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    lines = []
+    for warm in (lambda llm: drive(llm, [Client(prompts[:4])], params), lambda llm: warm_up(llm, prompts, params)):
+        llm = LLM(model_dirs["llama"]["target"], dtype="float64", max_num_seqs=4, serving=True)
+        assert llm.scheduler.pacer is not None and llm.scheduler.pacer.line() is None
+        warm(llm)
+        lines.append(llm.scheduler.pacer.line())
+        assert not llm.scheduler.has_work
+    assert lines[0] is None and lines[1] is not None
 
 
 def test_chat_client_carries_the_prefix_and_the_conversation():

@@ -245,6 +245,18 @@ def flood_streams(prompts: list[list[int]], clients: int, streams: int) -> list[
     return [Client([prompts[(i + j * clients) % len(prompts)] for j in range(streams)]) for i in range(clients)]
 
 
+def warm_up(llm, prompts: list[list[int]], params) -> None:
+    """Before the first level: the forwards' shapes, the speculation policy's first fits and the prefill pacer's.
+    Two streams of ``params``, one after the other, while a second client sends prompts back to back (one
+    token each) until they end, so that the pacer has measured prompt tokens fed beside a decoding row (until
+    then it gives a prompt 8 tokens a step; one request at a time never fits it)."""
+    from specdec import SamplingParams
+
+    one = SamplingParams(max_tokens=1, temperature=params.temperature, ignore_eos=True)
+    streams = Client(copy.deepcopy(prompts[:2]))
+    drive(llm, [streams, Client(copy.deepcopy(prompts[2:6]) * 4, one)], params, measured=[streams])
+
+
 def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
                draft: Path, round_number: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every workload and concurrency for one method on the pair ``target``, ``draft``: its rows (JSON-ready),
@@ -257,7 +269,7 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
               serving=True)
     workloads = workloads or build_workloads(llm, args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True, seed=None)
-    drive(llm, [Client(copy.deepcopy(workloads["code"][:4]))], params)  # warm-up: shapes, the policy's first fits
+    warm_up(llm, workloads["code"], params)
     rows = []
 
     def record(workload: str, concurrency: int | None, traces: list[Trace], seconds: float, before: dict,
