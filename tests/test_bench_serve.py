@@ -181,6 +181,11 @@ def test_bench_serve_in_process_end_to_end(tmp_path, capsys):
                     for c in (1, 2)}
     for r in data["rows"]:
         assert r["tokens"] > 0 and r["ttft_ms_p50"] > 0 and "k_choices_by_batch_size" in r["policy"]
+    # every level starts from an empty prefix cache: the second level's code prompts (the first level's) are fed
+    # whole, and a chat's later turns find the shared prefix and their history
+    hit_rates = {(r["method"], r["workload"], r["concurrency"]): r["prefix_cache_hit_rate"] for r in data["rows"]}
+    assert all(hit_rates[(m, "code", c)] == 0.0 and hit_rates[(m, "chat", c)] > 0.3 for m in ("plain", "suffix")
+               for c in (1, 2))
     assert {(c["workload"], c["concurrency"]) for c in data["comparison"]} == {
         (w, c) for w in ("code", "chat") for c in (1, 2)}
     assert "| method | workload |" in capsys.readouterr().out

@@ -81,6 +81,28 @@ def test_a_shared_system_prompt_and_repeated_prompts_in_one_batch(target):
     assert llm.engine.cache.prefix.hits >= 3 * (len(SYSTEM) // BLOCK_SIZE) * BLOCK_SIZE
 
 
+def test_reset_prefix_cache_forgets_every_pool_s_unused_blocks(target, model_dirs):
+    """``LLM.reset_prefix_cache``: a prompt asked again after it finds nothing cached, in the target's pool or
+    the draft model's, while blocks a request in flight holds stay; the outputs are unchanged."""
+    spec = _spec(SPECS[1], model_dirs)
+    llm = _llm(target, True, speculative_config=spec)
+    pools = llm.engine.kv_pools()
+    prompt = SYSTEM + [1, 2, 3]
+    first = _run(llm, [prompt], GREEDY)
+    hits = [p.prefix.hits for p in pools]
+    assert _run(llm, [prompt], GREEDY) == first and all(p.prefix.hits > h for p, h in zip(pools, hits))
+    running = llm.submit({"prompt_token_ids": [5] * 40}, SamplingParams(max_tokens=24, ignore_eos=True))
+    llm.step()
+    held = pools[0].num_used_blocks
+    assert not running.done
+    llm.reset_prefix_cache()
+    assert pools[0].num_used_blocks == held > 0 and all(not p.prefix.evictable for p in pools)
+    while not running.done:
+        llm.step()
+    hits = [p.prefix.hits for p in pools]
+    assert _run(llm, [prompt], GREEDY) == first and [p.prefix.hits for p in pools] == hits
+
+
 def test_eviction_under_a_small_pool_stays_exact(target):
     """A pool of 24 blocks serving many different prompts evicts cached blocks (least recently used first)
     to make room, and outputs stay the same."""

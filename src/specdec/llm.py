@@ -364,6 +364,14 @@ class LLM:
         text, prompt_ids = self.encode_prompt(prompt)
         return self._submit(text, prompt_ids, params, streaming=True)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every prefix the target's and the drafter's pools cache that no request in flight uses (vLLM's
+        ``LLM.reset_prefix_cache``): the next prompts are fed whole, as on a fresh engine. A benchmark calls it
+        between levels that send the same prompts."""
+        with self._lock:
+            for pool in self.engine.kv_pools():
+                pool.reset_prefix_cache()
+
     def step(self) -> list[StepOutput]:
         """Run one step for every running sequence (admitting waiting ones) and file each output with
         its request; returns the step's outputs (none when idle). A failing step fails every request

@@ -247,14 +247,15 @@ def flood_streams(prompts: list[list[int]], clients: int, streams: int) -> list[
 
 def warm_up(llm, prompts: list[list[int]], params) -> None:
     """Before the first level: the forwards' shapes, the speculation policy's first fits and the prefill pacer's.
-    Two streams of ``params``, one after the other, while a second client sends prompts back to back (one
+    Two streams of ``params``, one after the other, while a second client sends other prompts back to back (one
     token each) until they end, so that the pacer has measured prompt tokens fed beside a decoding row (until
     then it gives a prompt 8 tokens a step; one request at a time never fits it)."""
     from specdec import SamplingParams
 
     one = SamplingParams(max_tokens=1, temperature=params.temperature, ignore_eos=True)
     streams = Client(copy.deepcopy(prompts[:2]))
-    drive(llm, [streams, Client(copy.deepcopy(prompts[2:6]) * 4, one)], params, measured=[streams])
+    # Prompts not sent before: a prompt found in the prefix cache would price a prompt token near nothing.
+    drive(llm, [streams, Client(copy.deepcopy(prompts[2:18]), one)], params, measured=[streams])
 
 
 def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
@@ -272,11 +273,19 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     warm_up(llm, workloads["code"], params)
     rows = []
 
+    def start() -> dict[str, Any]:
+        """Before a level: an empty prefix cache (every level sends prompts from the first; cached, a later
+        level's prompts would cost next to nothing to feed), and the counters the row is measured from."""
+        llm.reset_prefix_cache()
+        return {**llm.batch_metrics.to_dict(), "prefix": llm.engine.cache.prefix_cache_counts()}
+
     def record(workload: str, concurrency: int | None, traces: list[Trace], seconds: float, before: dict,
                request_rate: float | None = None, **extra) -> None:
+        queries, hits = (now - then for now, then in zip(llm.engine.cache.prefix_cache_counts(), before["prefix"]))
         row = {"method": method, "workload": workload, "concurrency": concurrency, "request_rate": request_rate,
                "round": round_number,
                **summarize(traces, seconds, args.goodput_ttft_ms, args.goodput_itl_ms),
+               "prefix_cache_hit_rate": hits / queries if queries else 0.0,
                "policy": decisions(before, llm.batch_metrics.to_dict()), **extra}
         rows.append(row)
         print(line(row, args.rounds), file=sys.stderr, flush=True)
@@ -286,12 +295,12 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
             num = args.num_requests or max(8, 2 * max(args.concurrency))
             queue = [workloads["code"][i % len(workloads["code"])] for i in range(num)]
             for rate in args.request_rate:
-                before = llm.batch_metrics.to_dict()
+                before = start()
                 traces, seconds = drive_open(llm, queue, poisson_arrivals(num, rate, args.seed), params)
                 record(workload, None, traces, seconds, before, request_rate=rate)
             continue
         for c in args.concurrency:
-            before = llm.batch_metrics.to_dict()
+            before = start()
             if workload == "code":
                 num = args.num_requests or max(8, 2 * c)
                 queue = [workloads["code"][i % len(workloads["code"])] for i in range(num)]
@@ -309,7 +318,7 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
                                                ignore_eos=True)
                 alone, seconds = drive(llm, flood_streams(workloads["code"], c, args.flood_streams), stream_params)
                 record("flood-baseline", c, alone, seconds, before)
-                before = llm.batch_metrics.to_dict()
+                before = start()
                 streams = flood_streams(workloads["code"], c, args.flood_streams)
                 one = SamplingParams(max_tokens=1, temperature=args.temperature, ignore_eos=True)
                 flood = [Client(copy.deepcopy(workloads["long"]), one) for _ in range(FLOOD_CLIENTS)]

@@ -265,6 +265,9 @@ class KVCache(ABC):
     def commit_prefix(self, slot: int, tokens: Sequence[int]) -> None:  # noqa: B027 - nothing to register
         """Make slot ``slot``'s full blocks of committed ``tokens`` findable by :meth:`match_prefix`."""
 
+    def reset_prefix_cache(self) -> None:  # noqa: B027 - nothing cached without prefix caching
+        """Forget every cached block no slot references."""
+
     def compact(self, slots: Sequence[int], sources: Sequence[int], targets: Sequence[int]) -> None:
         """Copy cached entries within slots, every layer: entry ``sources[i]`` of slot ``slots[i]`` to
         index ``targets[i]`` (all read before any is written; lengths unchanged). After a tree step
