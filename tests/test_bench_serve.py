@@ -94,7 +94,7 @@ def test_drive_open_sends_each_request_at_its_arrival_whatever_runs(tiny):
 def test_the_warm_up_fits_the_prefill_pacer(model_dirs):
     """bench-serve's warm-up feeds prompts beside a running stream, so the pacer has a line (a price per prompt
     token) before the first level; requests one at a time, the warm-up before, never gave it one."""
-    prompts = [[(7 * i + j) % 90 + 1 for j in range(20 + i)] for i in range(6)]
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(20 + i)] for i in range(10)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     lines = []
     for warm in (lambda llm: drive(llm, [Client(prompts[:4])], params), lambda llm: warm_up(llm, prompts, params)):

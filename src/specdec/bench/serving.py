@@ -246,16 +246,18 @@ def flood_streams(prompts: list[list[int]], clients: int, streams: int) -> list[
 
 
 def warm_up(llm, prompts: list[list[int]], params) -> None:
-    """Before the first level: the forwards' shapes, the speculation policy's first fits and the prefill pacer's.
-    Two streams of ``params``, one after the other, while a second client sends other prompts back to back (one
-    token each) until they end, so that the pacer has measured prompt tokens fed beside a decoding row (until
-    then it gives a prompt 8 tokens a step; one request at a time never fits it)."""
+    """Before the first level: the forwards' shapes, the speculation policy's first fits (four requests of
+    ``params`` one at a time: steps without prompt tokens, the only ones its cost model learns from), then the
+    prefill pacer's: two more streams, one after the other, while a second client sends other prompts back to
+    back (one token each) until they end, so that the pacer has priced prompt tokens fed beside a decoding
+    row (until then it gives a prompt 8 tokens a step; one request at a time never fits it). Every prompt is
+    one not sent before in the warm-up: a prompt found in the prefix cache prices a prompt token near nothing."""
     from specdec import SamplingParams
 
+    drive(llm, [Client(copy.deepcopy(prompts[:4]))], params)
     one = SamplingParams(max_tokens=1, temperature=params.temperature, ignore_eos=True)
-    streams = Client(copy.deepcopy(prompts[:2]))
-    # Prompts not sent before: a prompt found in the prefix cache would price a prompt token near nothing.
-    drive(llm, [streams, Client(copy.deepcopy(prompts[2:18]), one)], params, measured=[streams])
+    streams = Client(copy.deepcopy(prompts[4:6]))
+    drive(llm, [streams, Client(copy.deepcopy(prompts[6:22]), one)], params, measured=[streams])
 
 
 def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path,
