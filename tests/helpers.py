@@ -160,3 +160,15 @@ def run_graph_bodies_eagerly(monkeypatch) -> None:
         return _BodyRan(), body()
 
     monkeypatch.setattr(cuda_graphs, "_captured", body_once)
+
+
+def spy(obj, name: str) -> list:
+    """Replace ``obj.name`` by a wrapper that records each call's arguments; returns the record."""
+    calls, method = [], getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+    return calls

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from helpers import spy
 from test_sampling_exactness import BATCH, assert_matches_target
 from transformers import AutoModelForCausalLM
 
@@ -561,18 +562,6 @@ class RaggedK(FixedK):
     def choose(self, seqs, limits, backlog=None):
         self.steps += 1
         return [min((self.steps + b) % (self.k + 1), limit) for b, limit in enumerate(limits)]
-
-
-def spy(obj, name: str) -> list:
-    """Replace ``obj.name`` by a wrapper that records each call's arguments; returns the record."""
-    calls, method = [], getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        calls.append(args)
-        return method(*args, **kwargs)
-
-    setattr(obj, name, wrapper)
-    return calls
 
 
 def test_ragged_ks_from_one_greedy_chain_stay_exact(model_dirs, tmp_path):

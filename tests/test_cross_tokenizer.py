@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import build_model
+from helpers import build_model, spy
 from scipy.stats import chisquare
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -190,18 +190,6 @@ def test_a_row_that_sits_out_costs_the_draft_nothing_and_catches_up_when_it_draf
         outputs += [o.token_ids for o in llm.step()]
     assert [t for out in outputs for t in out] == plain_greedy(pair["target"], [PROMPTS[0]], 16)[0]
     assert llm.batch_metrics.num_draft_tokens > 0
-
-
-def spy(obj, name: str) -> list:
-    """Replace ``obj.name`` by a wrapper that records each call's arguments; returns the record."""
-    calls, method = [], getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        calls.append(args)
-        return method(*args, **kwargs)
-
-    setattr(obj, name, wrapper)
-    return calls
 
 
 SAMPLES = 1200

@@ -37,7 +37,7 @@ from typing import Any
 
 from specdec.bench.arrivals import check_rates, poisson_arrivals
 from specdec.errors import SpecDecError
-from specdec.server.loadgen import percentile
+from specdec.server.loadgen import level, percentile
 
 METHODS = ("plain", "draft_model", "eagle", "suffix")
 WORKLOADS = ("code", "chat", "flood")
@@ -342,12 +342,6 @@ def line(row: dict[str, Any], rounds: int = 1) -> str:
             f"| goodput {row['goodput_requests_per_second']:.2f} req/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
             f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
             f"p99 {row['itl_ms_p99']:.1f} | {off}{extra}")
-
-
-def level(row: dict[str, Any]) -> str:
-    """A row's load: ``c=4`` (four clients in a closed loop) or ``0.5/s`` (requests arriving at that rate)."""
-    rate = row.get("request_rate")
-    return f"{rate:g}/s" if rate is not None else f"c={row['concurrency']}"
 
 
 RATIOS = ("throughput_vs_plain", "itl_p99_vs_plain", "itl_mean_speedup")

@@ -139,6 +139,12 @@ async def run_level(base_url: str, model: str | None, prompts: list[str], concur
         return results, time.perf_counter() - tic
 
 
+def level(row: dict[str, Any]) -> str:
+    """A row's load: ``c=4`` (four clients in a closed loop) or ``0.5/s`` (requests arriving at that rate)."""
+    rate = row.get("request_rate")
+    return f"{rate:g}/s" if rate is not None else f"c={row['concurrency']}"
+
+
 def summarize(results: list[Result], seconds: float, concurrency: int | None,
               request_rate: float | None = None) -> dict[str, Any]:
     """Throughput and latency percentiles of one level, ``concurrency`` clients or requests arriving at
@@ -293,8 +299,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         row.update(running_after=after.get("running"), waiting_after=after.get("waiting"),
                    rss_mib_before=before.get("rss_bytes", 0) / 2**20, rss_mib_after=after.get("rss_bytes", 0) / 2**20)
         rows.append(row)
-        label = f"{rate:g}/s" if rate is not None else f"c={concurrency}"
-        print(f"{label:<5} {row['completed']}/{row['requests']} ok, {row['disconnected']} disconnected, "
+        print(f"{level(row):<5} {row['completed']}/{row['requests']} ok, {row['disconnected']} disconnected, "
               f"{row['errors']} errors | {row['tokens_per_second']:.1f} tok/s | TTFT ms p50 {row['ttft_ms_p50']:.0f} "
               f"p99 {row['ttft_ms_p99']:.0f} | ITL ms mean {row['itl_ms_mean']:.1f} p50 {row['itl_ms_p50']:.1f} "
               f"p99 {row['itl_ms_p99']:.1f} | running after {row['running_after']:.0f} | RSS MiB "
