@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--shape-cache", default=None)
     parser.add_argument("--json", default=None, help="also write every step here")
     parser.add_argument("--workload", choices=("code", "flood"), default="code")
+    parser.add_argument("--prefill-share", type=float, default=None, help="the engine's prefill_share (default 0.5)")
     parser.add_argument("--min-paced-chunk", type=int, default=None,
                         help=f"the prefill pacer's floor for this run (default {prefill_pacer.MIN_PACED_CHUNK})")
     cli = parser.parse_args()
@@ -127,7 +128,8 @@ def main() -> None:
         prefill_pacer.MIN_PACED_CHUNK = cli.min_paced_chunk
     # bench-serve's own settings (its defaults, these flags), the code workload only
     flags = {"--num-requests": cli.num_requests, "--max-step-time-ratio": cli.max_step_time_ratio,
-             "--shape": cli.shape, "--shape-cache": cli.shape_cache, "--request-rate": cli.request_rate}
+             "--shape": cli.shape, "--shape-cache": cli.shape_cache, "--request-rate": cli.request_rate,
+             "--prefill-share": cli.prefill_share}
     args = build_parser().parse_args(["bench-serve", "--in-process", "--concurrency", str(cli.concurrency),
                                       "--max-tokens", str(cli.max_tokens),
                                       *[x for flag, v in flags.items() if v is not None for x in (flag, str(v))]])

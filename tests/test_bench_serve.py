@@ -12,6 +12,7 @@ import time
 import pytest
 
 from specdec import LLM, SamplingParams
+from specdec.bench import serving
 from specdec.bench.arrivals import poisson_arrivals
 from specdec.bench.serving import (
     ChatClient,
@@ -308,6 +309,25 @@ def test_bench_serve_in_process_at_a_shape(tmp_path, capsys):
      "--shape-cache needs --shape"),
 ])
 def test_bench_serve_shape_flags_need_their_partners(argv, message, capsys):
+    assert main(["bench-serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_bench_serve_prefill_share_reaches_the_engine(monkeypatch):
+    shares, warm = [], serving.warm_up
+    monkeypatch.setattr(serving, "warm_up", lambda llm, *a: (shares.append(llm.scheduler.pacer.share), warm(llm, *a)))
+    assert main(["bench-serve", "--in-process", "--methods", "plain", "--workloads", "code", "--concurrency", "1",
+                 "--max-tokens", "2", "--num-requests", "2", "--prefill-share", "0.75"]) == 0
+    assert shares == [0.75]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--in-process", "--prefill-share", "0"], "prefill_share must be a number > 0 "),
+    (["--in-process", "--prefill-share", "1", "--max-num-batched-tokens", "256"], "prefill_share paces chunked"),
+    (["--prefill-share", "1"], "--prefill-share sets the in-process benchmark's engine; it takes --in-process"),
+])
+def test_bench_serve_bad_prefill_share(argv, message, capsys):
     assert main(["bench-serve", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]

@@ -130,3 +130,14 @@ def test_a_line_before_the_slow_imports_on_a_terminal_only(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
     announce(["generate", "x"])
     assert "importing torch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prefill-share", "-1"], "prefill_share must be a number > 0"),
+    (["--prefill-share", "1", "--no-enable-chunked-prefill"], "prefill_share paces chunked prefill's default"),
+    (["--replicas", "2", "--prefill-share", "nan"], "prefill_share must be a number > 0"),
+])
+def test_serve_refuses_a_bad_prefill_share_before_loading(argv, message, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -1,7 +1,8 @@
 """A CPU server's default chunked prefill is paced by measured time: a step's prompt tokens add at most
 ``SHARE`` of a decoding step (at least ``MIN_PACED_CHUNK`` tokens, at most the token budget), a prompt token
 priced by a fit of the steps' seconds to their prompt and decoding tokens, only while streams are running; a
-budget given in tokens is kept as given; and pacing changes no output."""
+budget given in tokens is kept as given; ``prefill_share`` sets another share where pacing applies and is refused
+elsewhere; and pacing changes no output."""
 
 import random
 import statistics
@@ -10,12 +11,12 @@ from itertools import accumulate
 import pytest
 from helpers import build_model
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, SpecDecError
 from specdec.prefill_pacer import DECAY, MIN_FIT_STEPS, MIN_PACED_CHUNK, PROBE_EVERY, REACH, SHARE, PrefillPacer
 
 
-def _pacer(steps: list[tuple[int, float]], decoding: int = 4) -> PrefillPacer:
-    pacer = PrefillPacer()
+def _pacer(steps: list[tuple[int, float]], decoding: int = 4, share: float = SHARE) -> PrefillPacer:
+    pacer = PrefillPacer(share)
     for tokens, seconds in steps:
         pacer.observe(tokens, decoding, seconds)
     return pacer
@@ -29,6 +30,22 @@ def test_the_chunk_adds_a_share_of_a_decoding_step():
     assert pacer.budget(128, running=True) == int(SHARE * 60.5) == 30
     assert pacer.budget(20, running=True) == 20  # never above the token budget
     assert pacer.budget(128, running=False) == 128  # nobody's latency to keep: the whole budget
+
+
+def test_another_share_scales_the_chunk_within_the_reach_and_the_cap():
+    steps = [(n, 0.00605 + 0.0001 * n) for n in (0, 16, 0, 128, 64, 0, 100, 32)]
+    widest = 128 * DECAY**4  # the most a recent step fed, four steps ago
+    assert _pacer(steps, share=1.0).budget(512, running=True) == int(1.0 * 60.5) == 60
+    assert _pacer(steps, share=0.25).budget(512, running=True) == int(0.25 * 60.5) == 15
+    assert _pacer(steps, share=4.0).budget(512, running=True) == int(REACH * widest) == 208 < 4.0 * 60.5
+    assert _pacer(steps, share=4.0).budget(100, running=True) == 100
+    assert _pacer(steps, share=0.01).budget(512, running=True) == MIN_PACED_CHUNK  # the floor still moves a prompt
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, float("nan"), float("inf"), "1", True, None])
+def test_a_share_that_is_not_a_positive_number_is_refused(bad):
+    with pytest.raises(SpecDecError, match="prefill_share must be a number > 0"):
+        PrefillPacer(bad)
 
 
 def test_the_floor_and_the_cap():
@@ -166,6 +183,19 @@ def test_pacing_is_a_cpu_servers_default_only(target):
     assert given.scheduler.pacer is None and given.max_num_batched_tokens == 256
     assert LLM(target, dtype="float64", backend="fast", serving=True, enable_chunked_prefill=False).scheduler.pacer \
         is None
+    assert served.prefill_share == SHARE == served.scheduler.pacer.share
+
+
+def test_prefill_share_sets_the_pacer_s_share_where_it_paces_and_is_refused_elsewhere(target):
+    wider = LLM(target, dtype="float64", backend="fast", serving=True, prefill_share=1.5)
+    assert wider.prefill_share == 1.5 and wider.scheduler.pacer.share == 1.5
+    for settings, why in (({}, r"this is not a server \(serving=False\)"),
+                          ({"serving": True, "max_num_batched_tokens": 256}, "max_num_batched_tokens is given"),
+                          ({"serving": True, "enable_chunked_prefill": False}, "chunked prefill is off")):
+        with pytest.raises(SpecDecError, match=f"prefill_share paces .*nothing is paced \\({why}\\): drop it"):
+            LLM(target, dtype="float64", backend="fast", prefill_share=1.0, **settings)
+    with pytest.raises(SpecDecError, match="prefill_share must be a number > 0"):
+        LLM(target, dtype="float64", backend="fast", serving=True, prefill_share=-1)
 
 
 class _Fixed:

@@ -35,7 +35,7 @@ from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.sampling import SamplingParams, check_text
-from specdec.scheduler import Scheduler, max_num_batched_tokens_of, paces_prefill
+from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
@@ -131,7 +131,11 @@ class LLM:
     time in a server, :mod:`specdec.prefill_pacer`); off, each prompt is fed whole at admission.
     ``serving``: the defaults of an online server (``specdec serve`` sets it), like vLLM's usage context:
     on a CPU, chunked prefill's default budget is paced to keep the running streams' latency, which
-    offline would cost a batch's throughput.
+    offline would cost a batch's throughput. ``prefill_share``: where it is paced, what a step's prompt
+    tokens may add to it, as a share of a decoding step (default
+    :data:`~specdec.prefill_pacer.SHARE`, 0.5): more feeds waiting prompts sooner (time to first token)
+    and makes the running streams wait longer between tokens; where nothing is paced it raises
+    :class:`SpecDecError`.
     ``kv_cache_memory``: bytes (or ``"4GiB"``) of the target's paged KV pool (default: room for
     ``max_num_seqs`` full sequences); a draft model's pool holds as many tokens. Sequences are admitted
     while blocks are free and the least advanced one is preempted (recomputed later) when they run out.
@@ -163,6 +167,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         deterministic: bool = False,
         serving: bool = False,
+        prefill_share: float | None = None,
     ) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
@@ -178,6 +183,8 @@ class LLM:
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
         self.device = resolve_device(device)
+        self.prefill_share = prefill_share_of(prefill_share, enable_chunked_prefill, max_num_batched_tokens,
+                                              self.device, serving)
         self.deterministic = deterministic
         self.target = load_causal_lm(model, dtype=dtype, device=self.device, backend=backend,
                                      enforce_eager=enforce_eager, deterministic=deterministic)
@@ -207,8 +214,7 @@ class LLM:
                              enable_prefix_caching, deterministic)
         self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
                                                                 max_num_seqs, self.device)
-        self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens,
-                                   paces_prefill(enable_chunked_prefill, max_num_batched_tokens, self.device, serving))
+        self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens, self.prefill_share)
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)
         self._ids = itertools.count()

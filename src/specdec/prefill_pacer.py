@@ -6,7 +6,8 @@ A scheduler step that feeds ``C`` prompt tokens beside the decoding step of the 
 decoding step's forward where the backend fuses them (:mod:`specdec.models.segments`), else they are their
 own forwards before it; either way ``T`` grows with every token on a CPU, and a fixed token budget cannot
 bound a stream's latency: 128 tokens moved the embedded pair's p99 inter-token latency 2.3-4.8x
-(``docs/lab-notes/2026-11-24-serving.md``). The pacer keeps ``T(C) <= (1 + SHARE) T(0)``.
+(``docs/lab-notes/2026-11-24-serving.md``). The pacer keeps ``T(C) <= (1 + SHARE) T(0)``
+(``SHARE`` by default, else the ``share`` it is given).
 
 The measurement. Each step that ran streams reports its seconds ``T``, the prompt tokens it fed ``C`` and its
 decoding tokens ``D`` (one per running row plus the drafts it verified). The pacer fits
@@ -47,6 +48,9 @@ token at 4 ms (it costs 15-17) and the next step fed 71 tokens: 1.5 s, where the
 
 from __future__ import annotations
 
+import math
+
+from specdec.errors import SpecDecError
 from specdec.step_cost import LineFit
 
 MIN_PACED_CHUNK = 8
@@ -56,8 +60,10 @@ stream on the embedded pair ``SHARE a / b`` is 8-9 tokens, and the floor's 16 do
 (``docs/lab-notes/2026-11-29-flood.md``)."""
 
 SHARE = 0.5
-"""What the prompt tokens of a paced step may add to it, as a share of a decoding step: a running stream's
-inter-token latency stays within 1.5 times a step without prompts (the serving targets allow 2)."""
+"""What the prompt tokens of a paced step may add to it by default, as a share of a decoding step: a running
+stream's inter-token latency stays within 1.5 times a step without prompts (the serving targets allow 2).
+``prefill_share`` (``--prefill-share``) sets another: more lowers the waiting prompts' time to first token and
+raises the running streams' inter-token latency (``docs/lab-notes/2026-11-29-prefill-share.md``)."""
 
 DECAY = 0.95
 """Weight of the past per step (about the last twenty steps count, a probe among them)."""
@@ -75,10 +81,20 @@ COLLINEAR = 0.95
 """Above this squared correlation of ``D`` and ``C`` the two are not told apart: ``b`` from ``C`` alone."""
 
 
-class PrefillPacer:
-    """The prompt tokens of the next step, from a decayed least-squares fit of the steps' seconds."""
+def check_prefill_share(value: object) -> float:
+    """``value`` as a share of a decoding step once it is one: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecDecError(f"prefill_share must be a number > 0 (what a step's prompt tokens may add to it, as a "
+                           f"share of a decoding step), got {value!r}")
+    return float(value)
 
-    def __init__(self) -> None:
+
+class PrefillPacer:
+    """The prompt tokens of the next step, from a decayed least-squares fit of the steps' seconds;
+    ``share``: what they may add to a decoding step, as a share of it (``SHARE`` above)."""
+
+    def __init__(self, share: float = SHARE) -> None:
+        self.share = check_prefill_share(share)
         self.fit = LineFit(DECAY)  # T against C, which the decoding tokens' sums below extend
         self._d_sums = [0.0] * 4  # decayed as the fit's: ΣD, ΣD², ΣDC, ΣDT
         self._steps = 0  # steps measured
@@ -127,4 +143,4 @@ class PrefillPacer:
             return min(MIN_PACED_CHUNK, cap)
         a, b = line
         reach = max(MIN_PACED_CHUNK, int(REACH * self._widest))
-        return max(min(MIN_PACED_CHUNK, cap), min(cap, reach, int(SHARE * a / b)))
+        return max(min(MIN_PACED_CHUNK, cap), min(cap, reach, int(self.share * a / b)))

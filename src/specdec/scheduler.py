@@ -34,7 +34,7 @@ import torch
 
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
-from specdec.prefill_pacer import PrefillPacer
+from specdec.prefill_pacer import SHARE, PrefillPacer, check_prefill_share
 from specdec.sequence import Sequence
 
 MIN_PREFILL_CHUNK = 32
@@ -54,6 +54,23 @@ def paces_prefill(enabled: bool, value: object, device: torch.device, serving: b
     server with chunked prefill at the default budget on a CPU (a budget given is a number of tokens, kept
     as given)."""
     return enabled and serving and value is None and device.type == "cpu"
+
+
+def prefill_share_of(value: object, enabled: bool, budget: object, device: torch.device,
+                     serving: bool) -> float | None:
+    """The share of a decoding step a paced step's prompt tokens may add (:mod:`specdec.prefill_pacer`) under
+    these settings (those of :func:`paces_prefill`), or None where nothing is paced; ``value``: the share asked
+    for (None: the default), refused where nothing is paced."""
+    paced = paces_prefill(enabled, budget, device, serving)
+    if value is None:
+        return SHARE if paced else None
+    share = check_prefill_share(value)
+    if not paced:
+        why = ("chunked prefill is off" if not enabled else "max_num_batched_tokens is given" if budget is not None
+               else "this is not a server (serving=False)" if not serving else f"the device is {device.type}")
+        raise SpecDecError(f"prefill_share paces chunked prefill's default token budget in a server on a CPU; "
+                           f"here nothing is paced ({why}): drop it")
+    return share
 
 
 def max_num_batched_tokens_of(enabled: bool, value: object, max_num_seqs: int, device: torch.device) -> int | None:
@@ -86,14 +103,15 @@ def check_max_num_batched_tokens(value: object, max_num_seqs: int) -> int | None
 class Scheduler:
     """Owns the queue and the running batch of one :class:`Engine` (``num_slots`` slots);
     ``max_num_batched_tokens``: the token budget of a step with chunked prefill (None: prompts are fed
-    whole at admission); ``paced``: the prompts' share of it is also kept within a decoding step's measured
-    time (:mod:`specdec.prefill_pacer`)."""
+    whole at admission); ``prefill_share``: if not None, the prompts' part of it is also kept within that
+    share of a decoding step's measured time (:mod:`specdec.prefill_pacer`)."""
 
     def __init__(self, engine: Engine, num_slots: int, max_num_batched_tokens: int | None = None,
-                 paced: bool = False) -> None:
+                 prefill_share: float | None = None) -> None:
         self.engine = engine
         self.max_num_batched_tokens = check_max_num_batched_tokens(max_num_batched_tokens, num_slots)
-        self.pacer = PrefillPacer() if paced and self.max_num_batched_tokens is not None else None
+        self.pacer = (PrefillPacer(prefill_share)
+                      if prefill_share is not None and self.max_num_batched_tokens is not None else None)
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []  # admitted, prompt partly fed (chunked prefill), in arrival order
         self.running: list[Sequence] = []

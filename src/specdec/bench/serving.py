@@ -269,7 +269,7 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
     llm = LLM(str(target), speculative_config=speculative_config(method, args.k, str(draft), args.max_step_time_ratio),
               max_num_seqs=max(args.concurrency) + FLOOD_CLIENTS, max_model_len=args.max_model_len,
               enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
-              serving=True)
+              serving=True, prefill_share=args.prefill_share)
     workloads = workloads or build_workloads(llm, args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True, seed=None)
     warm_up(llm, workloads["code"], params)
@@ -419,6 +419,8 @@ def run_in_process(args) -> int:
     from transformers.utils import logging as hf_logging
 
     from specdec.generate_cli import checked_config
+    from specdec.models.loader import resolve_device
+    from specdec.scheduler import prefill_share_of
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -434,6 +436,8 @@ def run_in_process(args) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
     check_rates(args.request_rate)
+    prefill_share_of(args.prefill_share, args.enable_chunked_prefill, args.max_num_batched_tokens,
+                     resolve_device("auto"), serving=True)
     args.workloads = workloads_named
     for method in methods:  # a bad --k or --max-step-time-ratio fails now, not after plain decoding's run
         checked_config(speculative_config(method, args.k, "draft", args.max_step_time_ratio))

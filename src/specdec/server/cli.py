@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL, or "
                    f"{DEFAULT_SERVED_NAME!r} for the embedded pair)")
+    p.add_argument("--prefill-share", type=float, default=None, metavar="SHARE",
+                   help="on a CPU, where chunked prefill's default budget is paced: what a step's prompt tokens "
+                   "may add to it, as a share of a decoding step; more feeds waiting prompts sooner (time to first "
+                   "token), the running streams wait longer between tokens (default 0.5)")
     p.add_argument("--max-queue-len", type=int, default=256,
                    help="sequences that may wait for a slot; more get HTTP 429 (default 256)")
     p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
@@ -109,7 +113,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from specdec.llm import LLM
-    from specdec.models.loader import backend_line
+    from specdec.models.loader import backend_line, resolve_device
+    from specdec.scheduler import prefill_share_of
     from specdec.server.app import create_app
 
     template = None
@@ -118,6 +123,9 @@ def run_serve(args: argparse.Namespace) -> int:
             template = args.chat_template.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
+    # here, not in each replica's LLM: a bad share is one line before anything loads
+    prefill_share_of(args.prefill_share, args.enable_chunked_prefill, args.max_num_batched_tokens,
+                     resolve_device(args.device), serving=True)
     settings = _replica_settings(args)
     _model_flag(args)
     model, spec, what = _speculative(args)
@@ -132,7 +140,7 @@ def run_serve(args: argparse.Namespace) -> int:
                       enable_chunked_prefill=args.enable_chunked_prefill,
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
-                      deterministic=args.deterministic, serving=True)
+                      deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     if settings is not None:
         app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,

@@ -241,6 +241,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="chunked prefill in the benchmarked engine (default on)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step's token budget with chunked prefill (default: the engine's)")
+    g.add_argument("--prefill-share", type=float, default=None, metavar="SHARE",
+                   help="the benchmarked engine's prefill_share (as specdec serve's; default the engine's)")
     g.add_argument("--goodput-ttft-ms", type=float, default=1000.0,
                    help="goodput counts requests with TTFT at most this (default 1000)")
     g.add_argument("--goodput-itl-ms", type=float, default=50.0,
@@ -265,6 +267,9 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.shape is not None or args.shape_cache is not None:
         raise SpecDecError("--shape and --shape-cache pick the in-process benchmark's models; they take --in-process "
                            "(a server runs the model it was started with)")
+    if args.prefill_share is not None:
+        raise SpecDecError("--prefill-share sets the in-process benchmark's engine; it takes --in-process (a server "
+                           "takes it at start: specdec serve --prefill-share)")
     if args.rounds != 1:
         raise SpecDecError("--rounds interleaves the in-process benchmark's methods; it takes --in-process "
                            "(a server runs one method)")
