@@ -619,7 +619,9 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     """A drafter's ``backlog`` (what bounds a probe's rows) counts the positions its next ``propose`` feeds its
     own model: every prompt token first (the draft model is fed nothing until its row drafts; an EAGLE layer
     gets every prompt feature but the pending token's); one more per step the row sits out; and a proposal
-    catches all of it up."""
+    catches all of it up. The draft model catches up in ``catch_up``, which the engine calls first and times
+    apart (the policy sees it as ``catch_up_seconds``, within the drafting time), down to the two tokens the
+    proposal's own forward feeds; an EAGLE layer catches up in its proposal's one forward."""
     from test_heads import make_heads
 
     dirs = model_dirs["llama"]
@@ -641,5 +643,12 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
         llm.step()
     assert drafter.backlog([seq]) == [first + 4]
     engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    left, costs = [], []
+    catch_up, observe = drafter.catch_up, engine.policy.observe
+    drafter.catch_up = lambda seqs, ks: (catch_up(seqs, ks), left.append(drafter.backlog(seqs)))
+    engine.policy.observe = lambda seqs, drafted, accepted, step: (costs.append(step),
+                                                                   observe(seqs, drafted, accepted, step))
     llm.step()
     assert drafter.backlog([seq])[0] <= 2  # caught up: at most the pending token and an accepted draft
+    assert left[0] == ([2] if method == "draft_model" else [first + 4])  # (propose calls it again: nothing to feed)
+    assert len(costs) == 1 and 0 < costs[0].catch_up_seconds < costs[0].draft_seconds

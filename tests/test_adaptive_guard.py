@@ -55,9 +55,13 @@ def pinned(monkeypatch):
 class World:
     """One policy, stepped over batches of synthetic sequences."""
 
-    def __init__(self, clock, alpha: float = 0.8, seed: int = 0, max_step_ratio: float | None = None) -> None:
+    def __init__(self, clock, alpha: float = 0.8, seed: int = 0, max_step_ratio: float | None = None,
+                 catch_up: float = 0.0, apart: bool = True) -> None:
         self.policy = AdaptiveK(MAX_K, probe_every=PROBE_EVERY, max_step_ratio=max_step_ratio)
         self.clock, self.alpha = clock, alpha
+        # A drafting step first catches up on every step since the last one: ``catch_up`` seconds each, in its
+        # drafting time, reported as ``catch_up_seconds`` where ``apart`` (as the engine does).
+        self.catch_up, self.apart, self.behind = catch_up, apart, 0
         self.rng = random.Random(seed)
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
@@ -76,7 +80,10 @@ class World:
                 accepted.append(a)
             width = max(ks)
             target, draft = self.clock(len(seqs), width)
-            self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft))
+            catch_up = self.catch_up * self.behind if width else 0.0
+            self.behind = 0 if width else self.behind + 1
+            self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft + catch_up,
+                                                             catch_up_seconds=catch_up if self.apart else 0.0))
             chosen.append((self.policy.next_probe != before, ks))  # a probe schedules the next one
         return chosen
 
@@ -162,6 +169,28 @@ def test_guard_lets_speculation_back_when_it_pays_again(pinned):
     clock["now"] = fast_drafting
     back = world.run(seqs, 600)[-100:]
     assert all(any(ks) for probe, ks in back if not probe)
+
+
+def test_a_probe_after_a_pause_is_priced_without_its_catch_up(pinned):
+    """One row at α = 0.9 under a bound of 1.25 plain steps, as a draft model at the ``1b`` shape: a draft costs
+    0.1 plain steps (1.1 with the target's step: within the bound, and paying), but first drafting is slow (3
+    plain steps a position) and switches speculation off. Once drafting is cheap again, each probe pays its
+    drafter's catch-up on the 15 steps since the last draft (0.04 plain steps each: 0.6 a probe). Priced in,
+    the catch-up keeps one draft over the bound and speculation off for good; timed apart (as the engine
+    reports it), the probes measure the draft itself and speculation returns."""
+    clock = {"now": slow_drafting}
+    for apart in (False, True):
+        world = World(lambda rows, width: clock["now"](rows, width), alpha=0.9, max_step_ratio=1.25,
+                      catch_up=0.04 * PLAIN_SECONDS, apart=apart)
+        clock["now"] = slow_drafting
+        assert all(ks == [0] for probe, ks in world.run(batch(1), 200)[100:] if not probe)
+        clock["now"] = lambda rows, width: (PLAIN_SECONDS, 0.1 * PLAIN_SECONDS * width)
+        back = world.run(batch(1), 1000)[-200:]
+        drafting = sum(any(ks) for _, ks in back)
+        if apart:
+            assert drafting > 180
+        else:  # one draft (1.1 plain steps predicted) calibrated over the bound
+            assert drafting < 20 and world.policy.drafting_scale(1) * 1.1 > 1.25
 
 
 def test_a_slow_request_does_not_switch_the_next_one_off():

@@ -136,6 +136,8 @@ def test_a_line_before_the_slow_imports_on_a_terminal_only(capsys, monkeypatch):
     (["--prefill-share", "-1"], "prefill_share must be a number > 0"),
     (["--prefill-share", "1", "--no-enable-chunked-prefill"], "prefill_share paces chunked prefill's default"),
     (["--replicas", "2", "--prefill-share", "nan"], "prefill_share must be a number > 0"),
+    # each replica reserving a GPU runs there under --device auto (this machine has none): nothing is paced
+    (["--replicas", "2", "--num-gpus-per-replica", "1", "--prefill-share", "1"], "(the device is cuda): drop it"),
 ])
 def test_serve_refuses_a_bad_prefill_share_before_loading(argv, message, capsys):
     assert main(["serve", *argv]) == 2

@@ -184,7 +184,10 @@ def test_a_row_that_sits_out_costs_the_draft_nothing_and_catches_up_when_it_draf
     committed = len(drafter.draft_tokenizer.encode(text))
     assert drafter.backlog([seq]) == [committed] and committed > len(prompt)
     engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    left, catch_up = [], drafter.catch_up
+    drafter.catch_up = lambda seqs, ks: (catch_up(seqs, ks), left.append(drafter.backlog(seqs)))
     outputs += [o.token_ids for o in llm.step()]
+    assert left[0] == [2]  # the engine's catch-up first: the proposal's forward feeds the last two draft tokens
     assert forwards and drafter.backlog([seq])[0] <= 2  # caught up: the pending token and an accepted draft
     while llm.scheduler.has_work:
         outputs += [o.token_ids for o in llm.step()]

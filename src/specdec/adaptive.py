@@ -64,14 +64,13 @@ capture), nor is any step that paid one (``StepCost.setup``: a graph captured or
 bucket or a shape specialisation first reached later, which on a GPU can cost seconds: counted as a step's
 cost, it could turn speculation off for a whole run), a step slower than ``OUTLIER`` times the prediction
 counts as that, and drafting right after a step without drafts (the drafter catching up) is left out of the
-drafting line.
+drafting line, as is any step's ``catch_up_seconds`` (below).
 
 The guard: calibration by measured step times. The cost model is a prediction: kernels whose cost
-is not linear in the tokens fed, the drafter catching up after steps without drafts, and per-step
-overheads it does not charge can make it speculate where speculating is slower. So the policy also
-compares, per number of rows in the step, every step's measured seconds (``target_seconds +
-draft_seconds``, a drafting step right after a plain one with the drafter's catch-up: a real cost of
-switching) with what the model predicted for it, as decayed sums ``Σ measured / Σ predicted``
+is not linear in the tokens fed and per-step overheads it does not charge can make it speculate where
+speculating is slower. So the policy also compares, per number of rows in the step, every step's measured
+seconds (``target_seconds + draft_seconds`` less ``catch_up_seconds``) with what the model predicted for it,
+as decayed sums ``Σ measured / Σ predicted``
 (``guard_decay`` per step of that kind; the first step of each shape left out as above, a step
 counted as at most ``OUTLIER`` times the mean of its kind so far), for drafting and for plain steps
 apart. Once both kinds are measured at that row count (decayed weight at least ``GUARD_EVIDENCE``,
@@ -81,7 +80,13 @@ costs. So the measurement, not the model alone, decides whether speculating pays
 while acceptance stays each sequence's own (a measured throughput compared directly would mix the
 acceptance of whichever requests ran last into every request's decision). The key is the exact row
 count: cost errors depend on the batch's shape, and a row count seen too briefly to be measured both
-ways is left to the model.
+ways is left to the model. A drafter's catch-up (:meth:`specdec.drafters.base.Drafter.catch_up`: a draft
+model feeding the tokens of the steps it sat out, or the prompt it starts on lazily) is a cost of switching,
+paid once, not what drafting costs: counted, every probe while speculation was off paid the whole pause's
+catch-up (a draft model's forward over 16 tokens and more, 0.1-0.2 s against 0.05 s for a draft at the
+``1b`` shape on a 2-core CPU), which priced one draft over a bound of 1.25 at one stream, so speculation
+stayed off however well its probes were accepted. A drafter whose catch-up is part of its proposal's one
+forward (an EAGLE layer feeding its buffered features) has it counted still.
 
 The policy's own work is part of every step (tens of microseconds of Python, against steps of a few
 milliseconds), so where there is nothing to decide it does less: with drafts that cost next to
@@ -398,12 +403,12 @@ class AdaptiveK:
         target = step.target_seconds
         if cost is not None:
             predicted = cost.target_seconds(step.num_tokens)
-            # The calibration: everything the step cost, the drafter's catch-up included.
+            # The calibration: everything the step cost but the drafter's catch-up (a cost of switching).
             kinds = self.calibration.get(len(seqs))
             if kinds is None:
                 kinds = self.calibration[len(seqs)] = (Calibration(self.guard_decay), Calibration(self.guard_decay))
             plain, drafting = kinds
-            (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds,
+            (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds - step.catch_up_seconds,
                                                     cost.with_drafting(predicted, step.width))
             target = min(target, OUTLIER * predicted)  # a hiccup of the machine counts as at most OUTLIER times
         self.target.add(step.num_tokens, target)
@@ -414,7 +419,7 @@ class AdaptiveK:
         # cost of a drafting step in the steady state.
         if step.width and last_width:
             draft = (cost.draft_fixed, cost.draft) if cost is not None else self.draft_cost()
-            seconds = step.draft_seconds
+            seconds = step.draft_seconds - step.catch_up_seconds  # a prompt caught up on (a row just started)
             if draft is not None:
                 seconds = min(seconds, OUTLIER * (draft[0] + draft[1] * step.width))
             self.drafting.add(step.width, seconds)

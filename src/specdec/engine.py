@@ -269,9 +269,14 @@ class Engine:
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
         #    A probe while speculation is off drafts the rows whose drafters have the least to catch up.
+        #    The drafter first catches up on what it has not absorbed (timed apart: a switching cost).
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs],
                                 self.drafter.backlog if self.drafter is not None else None)
-        draft = self.drafter.propose(seqs, ks, sampling) if self.drafter is not None and any(ks) else None
+        draft = None
+        if self.drafter is not None and any(ks):
+            self.drafter.catch_up(seqs, ks)
+            clock.lap("catch_up")
+            draft = self.drafter.propose(seqs, ks, sampling)
         if constrained:  # drafts cut at their first invalid token; the masks of every verified position
             draft, masks = self._constrain(grammars, draft, sampling)
         width = draft.tokens.shape[1] if draft is not None else 0
@@ -379,6 +384,8 @@ class Engine:
 
         # 6. Metrics and the policy's measurements; the outputs go to the scheduler.
         times = clock.read()
+        catch_up = times.pop("catch_up", 0.0)  # drafting in the metrics; apart for the policy
+        times["drafting"] = times.get("drafting", 0.0) + catch_up
         if fused:  # the prompt chunks' share of the forward, by tokens fed
             prompt = sum(n for _, _, n in feed)
             times["prefill"] = times["target"] * prompt / (prompt + batch.cu_seqlens[-1])
@@ -390,8 +397,8 @@ class Engine:
         self._record(seqs, outputs, times)
         fed = tokens_fed(num_drafted, width, self.target.pads_rows)
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
-            fed, width, times["target"] + times.get("prefill", 0.0) + times["other"], times.get("drafting", 0.0),
-            sum(n for _, _, n in feed), one_time_setups() != setups))
+            fed, width, times["target"] + times.get("prefill", 0.0) + times["other"], times["drafting"],
+            sum(n for _, _, n in feed), one_time_setups() != setups, catch_up))
         started = self._fed(active)
         self._start_drafter(started)
         return outputs, started
@@ -503,10 +510,10 @@ class Engine:
             m.num_generated_tokens += len(out.token_ids)
             m.num_draft_tokens += out.num_drafted
             m.num_accepted_tokens += out.num_accepted
-        m.time_drafting += times.get("drafting", 0.0)
+        m.time_drafting += times["drafting"]
         m.time_target += times["target"]
         m.time_other += times["other"]
         for s in seqs:
-            s.metrics.time_drafting += times.get("drafting", 0.0)
+            s.metrics.time_drafting += times["drafting"]
             s.metrics.time_target += times["target"]
             s.metrics.time_other += times["other"]

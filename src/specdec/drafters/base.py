@@ -333,6 +333,14 @@ class Drafter(ABC):
         whose proposal costs the same however long it sat out, a lookup or a head on the last feature)."""
         return [0] * len(seqs)
 
+    def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:  # noqa: B027 - most drafters have no backlog
+        """Feed the drafter's own model what the rows about to draft (``ks[b] > 0``) have committed and it has not
+        absorbed (:meth:`backlog`), but for what the proposal's own forward feeds. :meth:`propose` does it itself
+        where this was not called; the engine calls it first and times it apart from the drafting: a switching
+        cost, paid once after steps without drafts (and on a prompt, where the drafter starts lazily), not what a
+        drafting step costs (:class:`specdec.adaptive.AdaptiveK`). A drafter whose catch-up is part of its
+        proposal's one forward (an EAGLE layer feeding its buffered features) keeps this default."""
+
     def kv_pools(self) -> list[KVCache]:
         """The drafter's own KV pools, slot for slot the target's: the scheduler keeps each step's growth
         of every one of them within its free blocks (a drafter with no model keeps none)."""

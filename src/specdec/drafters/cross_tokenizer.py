@@ -130,11 +130,19 @@ class CrossTokenizerDrafter(DraftLM):
         """The draft tokens of each row's committed text that its pool does not hold (the pending one at least)."""
         return [len(self._context(s)) - len(self.fed[s.slot]) for s in seqs]
 
-    def _catch_up(self, seqs: list[Sequence]) -> None:
-        """Feed each row's context the pool lacks but its last two draft tokens in prefill forwards, as the draft
-        model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter._catch_up` does: the proposal's own
-        forward then feeds at most two tokens a row."""
-        rows = [s for s in seqs if len(self.context[s.slot]) - 2 > len(self.fed[s.slot])]
+    def _drafting(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
+        """The rows that draft: asked to (``ks[b] > 0``), with a context, whose ``max(ks) + 1`` draft tokens fit
+        the draft's context."""
+        width = max(ks, default=0) + 1
+        return [b for b, (s, k) in enumerate(zip(seqs, ks))
+                if k > 0 and (context := self._context(s)) and len(context) + width - 1 <= self.capacity]
+
+    def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """Feed each drafting row's context the pool lacks but its last two draft tokens in prefill forwards, as
+        the draft model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter.catch_up` does: the proposal's
+        own forward then feeds at most two tokens a row."""
+        drafting = [seqs[b] for b in self._drafting(seqs, ks)]
+        rows = [s for s in drafting if len(self.context[s.slot]) - 2 > len(self.fed[s.slot])]
         starts = [len(self.fed[s.slot]) for s in rows]
         for batch in prefill_batches([self.context[s.slot][c:-2] for s, c in zip(rows, starts)],
                                      [s.slot for s in rows], self.model.device, starts=starts):
@@ -147,11 +155,10 @@ class CrossTokenizerDrafter(DraftLM):
         to at most ``ks[b]`` target tokens; ``sampling`` is unused (the draft is deterministic). Prompts
         beyond the draft's context are never drafted for."""
         width = max(ks, default=0) + 1
-        active = [b for b, (s, k) in enumerate(zip(seqs, ks))
-                  if k > 0 and (context := self._context(s)) and len(context) + width - 1 <= self.capacity]
+        active = self._drafting(seqs, ks)
         rows: list[list[int]] = [[] for _ in seqs]
         if active:
-            self._catch_up([seqs[b] for b in active])
+            self.catch_up(seqs, ks)  # nothing left to feed where the engine called it first
             slots = [seqs[b].slot for b in active]
             new = [self.context[slot][len(self.fed[slot]):] for slot in slots]
             batch = ForwardBatch.from_rows(new, [len(self.fed[slot]) for slot in slots], slots, self.model.device,

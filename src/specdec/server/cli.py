@@ -124,8 +124,9 @@ def run_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
     # here, not in each replica's LLM: a bad share is one line before anything loads
-    prefill_share_of(args.prefill_share, args.enable_chunked_prefill, args.max_num_batched_tokens,
-                     resolve_device(args.device), serving=True)
+    device = _replica_device(args) if args.replicas is not None else resolve_device(args.device)
+    prefill_share_of(args.prefill_share, args.enable_chunked_prefill, args.max_num_batched_tokens, device,
+                     serving=True)
     settings = _replica_settings(args)
     _model_flag(args)
     model, spec, what = _speculative(args)
@@ -173,6 +174,19 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     Server(config).run()
     return 0
+
+
+def _replica_device(args: argparse.Namespace):
+    """The device each ``--replicas`` replica runs on: ``--device auto`` is a GPU where each replica reserves one
+    (``--num-gpus-per-replica``), else the CPU (Ray hides the GPUs from a replica that reserves none), whatever
+    this machine has; a device named is that device."""
+    import torch
+
+    from specdec.models.loader import resolve_device
+
+    if str(args.device) == "auto":
+        return torch.device("cuda" if (args.num_gpus_per_replica or 0) > 0 else "cpu")
+    return resolve_device(args.device)
 
 
 def _replica_settings(args: argparse.Namespace):
