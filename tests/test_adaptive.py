@@ -650,5 +650,5 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
                                                                    observe(seqs, drafted, accepted, step))
     llm.step()
     assert drafter.backlog([seq])[0] <= 2  # caught up: at most the pending token and an accepted draft
-    assert left[0] == ([2] if method == "draft_model" else [first + 4])  # (propose calls it again: nothing to feed)
+    assert left[0] == ([2] if method == "draft_model" else [first + 4])
     assert len(costs) == 1 and 0 < costs[0].catch_up_seconds < costs[0].draft_seconds

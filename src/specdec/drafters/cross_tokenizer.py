@@ -138,11 +138,14 @@ class CrossTokenizerDrafter(DraftLM):
                 if k > 0 and (context := self._context(s)) and len(context) + width - 1 <= self.capacity]
 
     def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """Feed each drafting row's context the pool lacks but its last two draft tokens in prefill forwards, as
-        the draft model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter.catch_up` does: the proposal's
-        own forward then feeds at most two tokens a row."""
-        drafting = [seqs[b] for b in self._drafting(seqs, ks)]
-        rows = [s for s in drafting if len(self.context[s.slot]) - 2 > len(self.fed[s.slot])]
+        """:meth:`_catch_up` of the rows that draft."""
+        self._catch_up([seqs[b] for b in self._drafting(seqs, ks)])
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed each row's context the pool lacks but its last two draft tokens in prefill forwards, as the draft
+        model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter._catch_up` does: the proposal's own
+        forward then feeds at most two tokens a row."""
+        rows = [s for s in seqs if len(self.context[s.slot]) - 2 > len(self.fed[s.slot])]
         starts = [len(self.fed[s.slot]) for s in rows]
         for batch in prefill_batches([self.context[s.slot][c:-2] for s, c in zip(rows, starts)],
                                      [s.slot for s in rows], self.model.device, starts=starts):
@@ -158,7 +161,7 @@ class CrossTokenizerDrafter(DraftLM):
         active = self._drafting(seqs, ks)
         rows: list[list[int]] = [[] for _ in seqs]
         if active:
-            self.catch_up(seqs, ks)  # nothing left to feed where the engine called it first
+            self._catch_up([seqs[b] for b in active])  # nothing left to feed where the engine called catch_up
             slots = [seqs[b].slot for b in active]
             new = [self.context[slot][len(self.fed[slot]):] for slot in slots]
             batch = ForwardBatch.from_rows(new, [len(self.fed[slot]) for slot in slots], slots, self.model.device,

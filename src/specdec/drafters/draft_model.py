@@ -119,12 +119,15 @@ class DraftModelDrafter(DraftLM):
         return [max(0, min(k, self.capacity + 1 - len(s.token_ids))) for s, k in zip(seqs, ks)]
 
     def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """Feed each drafting row's committed tokens the slot lacks but its last two (a prompt, the tokens of the
-        steps it sat out) in prefill forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET`
-        allows: the proposal's own forward then feeds at most two tokens a row, the shape of every step after a
-        draft."""
-        fed = [(s.token_ids[c:-2], c, s.slot) for s, k in zip(seqs, self._drafting(seqs, ks))
-               if k > 0 and len(s.token_ids) - 2 > (c := self.cache.lengths[s.slot])]
+        """:meth:`_catch_up` of the rows that draft."""
+        self._catch_up([s for s, k in zip(seqs, self._drafting(seqs, ks)) if k > 0])
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed each row's committed tokens the slot lacks but its last two (a prompt, the tokens of the steps it
+        sat out) in prefill forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows: the
+        proposal's own forward then feeds at most two tokens a row, the shape of every step after a draft."""
+        fed = [(s.token_ids[c:-2], c, s.slot) for s in seqs
+               if len(s.token_ids) - 2 > (c := self.cache.lengths[s.slot])]
         for batch in prefill_batches([f[0] for f in fed], [f[2] for f in fed], self.model.device,
                                      starts=[f[1] for f in fed]):
             self.model.forward(batch, self.cache)
@@ -137,7 +140,7 @@ class DraftModelDrafter(DraftLM):
         if not active:
             return DraftBatch(tokens, ks)
         rows = sampling.select(active) if len(active) < len(seqs) else sampling
-        self.catch_up(seqs, ks)  # nothing left to feed where the engine called it first
+        self._catch_up([seqs[b] for b in active])  # nothing left to feed where the engine called catch_up
         cached = [self.cache.lengths[seqs[b].slot] for b in active]
         batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
