@@ -137,10 +137,6 @@ class CrossTokenizerDrafter(DraftLM):
         return [b for b, (s, k) in enumerate(zip(seqs, ks))
                 if k > 0 and (context := self._context(s)) and len(context) + width - 1 <= self.capacity]
 
-    def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """:meth:`_catch_up` of the rows that draft."""
-        self._catch_up([seqs[b] for b in self._drafting(seqs, ks)])
-
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Feed each row's context the pool lacks but its last two draft tokens in prefill forwards, as the draft
         model's :meth:`~specdec.drafters.draft_model.DraftModelDrafter._catch_up` does: the proposal's own

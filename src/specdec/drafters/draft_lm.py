@@ -8,6 +8,8 @@ below both and neither imports the other's module for its base.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch
 
 from specdec.drafters.base import Drafter, LoadOptions, SpeculativeConfig
@@ -47,6 +49,20 @@ class DraftLM(Drafter):
 
     def kv_pools(self) -> list:
         return [self.cache]
+
+    def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """:meth:`_catch_up` of the rows that draft (:meth:`_drafting`)."""
+        self._catch_up([seqs[b] for b in self._drafting(seqs, ks)])
+
+    @abstractmethod
+    def _drafting(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
+        """The rows (indices into ``seqs``) that draft when asked for ``ks[b]`` positions: ``k > 0`` and room
+        in the draft's context."""
+
+    @abstractmethod
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed each of ``seqs`` what the proposal's own forward will not: the context its pool lacks but its
+        last two tokens."""
 
     @staticmethod
     def load_model(config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> CausalLM:

@@ -114,13 +114,13 @@ class DraftModelDrafter(DraftLM):
         """The committed tokens each row's slot has not cached (the pending token at least)."""
         return [len(s.token_ids) - self.cache.lengths[s.slot] for s in seqs]
 
-    def _drafting(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
+    def _fitting(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
         """``ks`` cut to what each row's slot can still hold: the context so far plus ``k - 1`` drafts."""
         return [max(0, min(k, self.capacity + 1 - len(s.token_ids))) for s, k in zip(seqs, ks)]
 
-    def catch_up(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """:meth:`_catch_up` of the rows that draft."""
-        self._catch_up([s for s, k in zip(seqs, self._drafting(seqs, ks)) if k > 0])
+    def _drafting(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
+        """The rows with a draft position left once ``ks`` is cut to their slots (:meth:`_fitting`)."""
+        return [b for b, k in enumerate(self._fitting(seqs, ks)) if k > 0]
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Feed each row's committed tokens the slot lacks but its last two (a prompt, the tokens of the steps it
@@ -133,7 +133,7 @@ class DraftModelDrafter(DraftLM):
             self.model.forward(batch, self.cache)
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
-        ks = self._drafting(seqs, ks)
+        ks = self._fitting(seqs, ks)
         active = [b for b, k in enumerate(ks) if k > 0]
         width = max(ks, default=0)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long, device=self.model.device)
