@@ -11,7 +11,7 @@ prompt token against the mean step without prompts).
 
 Flags other than this script's own go to ``bench-serve`` (its defaults otherwise, e.g. 1, 4, 16 and 64 streams).
 The baseline's module is read with ``git show REV:src/specdec/prefill_pacer.py`` (so the repository's history
-must be there) and given the scheduler's current ``observe(tokens, decoding, seconds)``.
+must be there) and given the scheduler's current ``observe(tokens, decoding, seconds, drafting)``.
 """
 
 from __future__ import annotations
@@ -31,18 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def baseline_pacer(rev: str) -> type:
-    """The ``PrefillPacer`` of commit ``rev``, taking (and ignoring, if it predates them) the decoding tokens."""
+    """The ``PrefillPacer`` of commit ``rev``, taking (and ignoring, if it predates them) the decoding tokens and
+    the drafting seconds."""
     source = subprocess.run(["git", "show", f"{rev}:src/specdec/prefill_pacer.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType(f"prefill_pacer_{rev}")
     exec(compile(source, module.__name__, "exec"), module.__dict__)  # noqa: S102 - the repository's own history
     pacer = module.PrefillPacer
-    if "decoding" in pacer.observe.__code__.co_varnames:
-        return pacer
+    takes = pacer.observe.__code__.co_varnames[1:pacer.observe.__code__.co_argcount]  # after self
 
     class Baseline(pacer):
-        def observe(self, tokens: int, decoding: int, seconds: float) -> None:
-            super().observe(tokens, seconds)
+        def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0) -> None:
+            given = {"tokens": tokens, "decoding": decoding, "seconds": seconds, "drafting": drafting}
+            super().observe(*(given[name] for name in takes))
 
     return Baseline
 

@@ -9,13 +9,19 @@ bound a stream's latency: 128 tokens moved the embedded pair's p99 inter-token l
 (``docs/lab-notes/2026-11-24-serving.md``). The pacer keeps ``T(C) <= (1 + SHARE) T(0)``
 (``SHARE`` by default, else the ``share`` it is given).
 
-The measurement. Each step that ran streams reports its seconds ``T``, the prompt tokens it fed ``C`` and its
-decoding tokens ``D`` (one per running row plus the drafts it verified). The pacer fits
-``T = c + e D + b C`` by least squares over the recent steps (weights decaying by ``DECAY`` per step):
+The measurement. Each step that ran streams reports its seconds ``T``, the seconds it drafted, the prompt
+tokens it fed ``C`` and its decoding tokens ``D`` (one per running row plus the drafts it verified). The drafting
+is timed, so it is taken out of ``T`` and added back to the decoding step it belongs to. The two other costs are
+measured apart:
 
-- ``b``, what a prompt token adds to a step;
-- ``a = c + e D_last``, the decoding step at the last step's decoding tokens (with ``D`` not in the fit, below:
-  the line of ``T`` against ``C`` alone, :class:`~specdec.step_cost.LineFit`, whose ``b`` is at least 0);
+- the decoding step ``T0(D) = c + e D``, through the last ``PLAIN_WINDOW`` steps that fed no prompt token,
+  robustly: ``e`` the median of the slopes between two of them (each weighing the widths apart, and less the older
+  the older of the two, by ``SLOPE_DECAY`` per such step), ``c`` the median intercept of the last
+  ``INTERCEPT_STEPS``;
+- ``b``, what a prompt token adds to a step: over the last ``WINDOW`` steps that fed prompts (weights decaying by
+  ``DECAY`` per such step), least squares through the origin of their time beyond the decoding step at their
+  width, ``T - T0(D) = b C`` (``b`` at least 0);
+- ``a = T0(D_last)`` plus the last step's drafting, the decoding step at the last step's decoding tokens;
 - ``C = SHARE a / b``, within ``[MIN_PACED_CHUNK, cap]``, ``cap`` the scheduler's token budget; with no stream
   running (nobody's latency to keep), ``cap``; while ``b`` is not measured (or measured at 0: on a CPU a prompt
   token always costs something, and the whole budget beside running streams took about five decoding steps at the
@@ -23,14 +29,22 @@ decoding tokens ``D`` (one per running row plus the drafts it verified). The pac
   measures it: the whole budget would measure it better, but every running stream waits through that step,
   which took 4-5 decoding steps on the embedded pair, ``docs/lab-notes/2026-11-28-fused-prefill.md``).
 
-``D`` is in the fit because the decoding step is not one size. With speculation its width changes from step
+``D`` is in the decoding step because that step is not one size. With speculation its width changes from step
 to step with the drafts chosen, and more so at saturation, where the steps feeding prompts are those that
 run more rows: priced against the mean step without prompts, a prompt token came out 1.5-2x its cost
-(eagle at 16 streams on the embedded pair: 1.29 ms against 0.60 ms by this fit; plain decoding 0.63 against
-0.74), and the prompts got less than their share of a speculative step: TTFT 3-4.6x plain decoding's, and
-throughput 0.8-0.9x (``docs/lab-notes/2026-11-28-pacer-fit.md``). While ``D`` has not varied apart from
-``C`` (its share of variance in ``C`` explained above ``COLLINEAR``) or fewer than ``MIN_FIT_STEPS`` steps
-were measured, ``b`` comes from ``C`` alone.
+(eagle at 16 streams on the embedded pair, ``docs/lab-notes/2026-11-28-pacer-fit.md``). Until the steps without
+prompt tokens were measured at two widths, a decoding token is priced as a prompt token (``e = b``, solved with
+``b``): in a fused forward both are one more token through the same weights.
+
+Why apart and robust, not one least-squares fit ``T = c + e D + b C`` (until 2026-11-30): at saturation only one
+step in ``PROBE_EVERY`` feeds no prompt, so in a joint fit that one step alone set the intercept, and in a ramp
+``D`` and ``C`` grow together. One probe the machine slowed 1.7x (64 streams at the ``1b`` shape) took ``b`` from
+19 ms to 7-11 ms for sixteen steps; the chunks grew from 19 to 89 tokens, the steps from 1.3 to 3.6 s and the rows
+decoding from 20 to 45, and that run's p99 inter-token latency was 2.2x plain decoding's; in a 16-stream ramp the
+fit gave prompt tokens' cost to the decoding tokens in the same way (``docs/lab-notes/2026-11-29-catch-up.md``).
+Measured apart with medians, one slow step without prompts moves neither the slope nor the intercept, and a slow
+step feeding prompts prices a token dearer: the error feeds fewer prompt tokens, not more
+(``docs/lab-notes/2026-11-30-pacer-apart.md``).
 
 Where prompts wait at every step (a flood, or a saturated server), every step would feed the budget, and a
 constant ``C`` cannot be told from the decoding step: so a step that comes ``PROBE_EVERY`` steps after the
@@ -49,9 +63,12 @@ token at 4 ms (it costs 15-17) and the next step fed 71 tokens: 1.5 s, where the
 from __future__ import annotations
 
 import math
+import statistics
+from bisect import bisect_left
+from collections import deque
+from itertools import accumulate
 
 from specdec.errors import SpecDecError
-from specdec.step_cost import LineFit
 
 MIN_PACED_CHUNK = 8
 """Prompt tokens a paced step feeds at least: the prompt's progress when even that exceeds the share of a
@@ -66,19 +83,30 @@ stream's inter-token latency stays within 1.5 times a step without prompts (the 
 raises the running streams' inter-token latency (``docs/lab-notes/2026-11-29-prefill-share.md``)."""
 
 DECAY = 0.95
-"""Weight of the past per step (about the last twenty steps count, a probe among them)."""
+"""Weight of the past per step: of a step that fed prompt tokens in a token's price (about the last twenty count),
+and of the most prompt tokens a step fed."""
+
+WINDOW = 64
+"""Steps that fed prompt tokens kept for the price of a token (the oldest weighs ``DECAY ** 63``, about 4%)."""
+
+PLAIN_WINDOW = 8
+"""Steps that fed no prompt token kept for the decoding step (at saturation the probes of the last
+``PLAIN_WINDOW * PROBE_EVERY`` steps; else the last eight steps)."""
+
+SLOPE_DECAY = 0.8
+"""Weight of the past per step without prompt tokens in the decoding step's slope: the step is not a line (at the
+``1b`` shape on a CPU a second decoding token adds about 50 ms, the twentieth about 15), so the widths measured
+lately count most."""
+
+INTERCEPT_STEPS = 3
+"""The latest steps without prompt tokens whose median sets the decoding step's intercept (the slope comes from
+all ``PLAIN_WINDOW``): it follows the machine's speed, and takes two slow steps in a row to move."""
 
 PROBE_EVERY = 16
-"""Steps with prompt tokens after which one feeds none, so that the fit sees steps without them."""
+"""Steps with prompt tokens after which one feeds none, so that the decoding step is measured."""
 
 REACH = 2
 """How many times the most prompt tokens a recent step fed the next step may feed."""
-
-MIN_FIT_STEPS = 8
-"""Steps measured before the decoding tokens enter the fit (three unknowns from a handful of noisy steps)."""
-
-COLLINEAR = 0.95
-"""Above this squared correlation of ``D`` and ``C`` the two are not told apart: ``b`` from ``C`` alone."""
 
 
 def check_prefill_share(value: object) -> float:
@@ -90,47 +118,63 @@ def check_prefill_share(value: object) -> float:
 
 
 class PrefillPacer:
-    """The prompt tokens of the next step, from a decayed least-squares fit of the steps' seconds;
+    """The prompt tokens of the next step, from the measured decoding step and price of a prompt token;
     ``share``: what they may add to a decoding step, as a share of it (``SHARE`` above)."""
 
     def __init__(self, share: float = SHARE) -> None:
         self.share = check_prefill_share(share)
-        self.fit = LineFit(DECAY)  # T against C, which the decoding tokens' sums below extend
-        self._d_sums = [0.0] * 4  # decayed as the fit's: ΣD, ΣD², ΣDC, ΣDT
-        self._steps = 0  # steps measured
+        self._plain: deque[tuple[float, float]] = deque(maxlen=PLAIN_WINDOW)  # (D, T) of steps without prompts
+        self._fed: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)  # (C, D, T) of steps that fed prompts
         self._last_decoding = 0.0  # the decoding tokens of the last step measured
+        self._last_drafting = 0.0  # the seconds it drafted
         self._since_plain = PROBE_EVERY  # steps since the last one that fed no prompt token
-        self._widest = 0.0  # the most prompt tokens a step fed, decayed as the fit
+        self._widest = 0.0  # the most prompt tokens a step fed, decayed per step
 
-    def observe(self, tokens: int, decoding: int, seconds: float) -> None:
+    def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0) -> None:
         """A scheduler step that ran the running streams' ``decoding`` tokens (rows plus drafts) and fed
-        ``tokens`` prompt tokens (0: none) took ``seconds``."""
+        ``tokens`` prompt tokens (0: none) took ``seconds``, ``drafting`` of them in the drafter."""
         self._since_plain = 0 if tokens == 0 else self._since_plain + 1
-        self._steps += 1
         self._last_decoding = d = float(decoding)
+        self._last_drafting = drafting
         self._widest = max(float(tokens), self._widest * DECAY)
-        self.fit.add(tokens, seconds)
-        self._d_sums = [s * DECAY + v for s, v in zip(self._d_sums, (d, d * d, d * tokens, d * seconds))]
+        if tokens == 0:
+            self._plain.append((d, seconds - drafting))
+        else:
+            self._fed.append((float(tokens), d, seconds - drafting))
+
+    def decoding_step(self) -> tuple[float, float] | None:
+        """``(c, e)``: the decoding step ``c + e D`` through the kept steps without prompt tokens, robustly: ``e``
+        the median of the slopes between two of them, each weighing the widths apart and less the older the older
+        of the two (``e >= 0``), ``c`` the median intercept of the latest ``INTERCEPT_STEPS``, so that one step the
+        machine slowed moves neither; None until they were measured at two widths."""
+        plain = list(self._plain)
+        ages = range(len(plain) - 1, -1, -1)
+        slopes = sorted(((t2 - t1) / (d2 - d1), abs(d2 - d1) * SLOPE_DECAY**age)  # weighed apart and by the older's age
+                        for i, ((d1, t1), age) in enumerate(zip(plain, ages)) for d2, t2 in plain[i + 1:] if d2 != d1)
+        if not slopes:
+            return None
+        weights = list(accumulate(w for _, w in slopes))
+        e = max(0.0, slopes[bisect_left(weights, weights[-1] / 2)][0])  # the weighted median
+        return statistics.median(t - e * d for d, t in plain[-INTERCEPT_STEPS:]), e
 
     def line(self) -> tuple[float, float] | None:
-        """``(a, b)``: the step ``a + b C`` seconds, or None until steps feeding different numbers of prompt
-        tokens were measured."""
-        if not self.fit.spread:  # C never varied: nothing to price a token by
+        """``(a, b)``: the step ``a + b C`` seconds at the last step's decoding tokens, or None until a step
+        without prompt tokens and one with them were measured."""
+        if not self._fed or not self._plain:
             return None
-        a, b = self.fit.line()  # from C alone (b >= 0)
-        w, sum_c, sum_cc, sum_t, sum_ct = self.fit.sums
-        sum_d, sum_dd, sum_dc, sum_dt = self._d_sums
-        mean_d, mean_c, mean_t = sum_d / w, sum_c / w, sum_t / w
-        var_c, var_d = sum_cc / w - mean_c * mean_c, sum_dd / w - mean_d * mean_d
-        cov_dc = sum_dc / w - mean_d * mean_c
-        det = var_d * var_c - cov_dc * cov_dc
-        if self._steps >= MIN_FIT_STEPS and var_d > 0 and det > (1 - COLLINEAR) * var_d * var_c:
-            cov_ct, cov_dt = sum_ct / w - mean_c * mean_t, sum_dt / w - mean_d * mean_t
-            fitted = (var_d * cov_ct - cov_dc * cov_dt) / det
-            if fitted > 0:  # else noise: a prompt token never makes a step shorter (keep the line of C alone)
-                e = (var_c * cov_dt - cov_dc * cov_ct) / det  # what a decoding token adds
-                a, b = mean_t - fitted * mean_c + e * (self._last_decoding - mean_d), fitted
-        return a, b
+        fitted = self.decoding_step()
+        if fitted is not None:
+            c, e = fitted
+            over = [(x, t - c - e * d) for x, d, t in self._fed]  # (C, time beyond the decoding step)
+        else:  # one width measured: a decoding token priced as a prompt token, e = b
+            width, c = self._plain[0][0], statistics.median(t for _, t in self._plain)
+            over = [(x + d - width, t - c) for x, d, t in self._fed]
+        weights = [DECAY**age for age in range(len(over) - 1, -1, -1)]
+        sxx = sum(wt * x * x for wt, (x, _) in zip(weights, over))
+        b = max(0.0, sum(wt * x * r for wt, (x, r) in zip(weights, over)) / sxx) if sxx > 0 else 0.0
+        if fitted is not None:
+            return c + e * self._last_decoding + self._last_drafting, b
+        return c + b * (self._last_decoding - width) + self._last_drafting, b
 
     def budget(self, cap: int, running: bool) -> int:
         """Prompt tokens for the next step: ``cap`` at most; paced only while ``running`` streams wait (0: a probe)."""

@@ -167,7 +167,7 @@ class Scheduler:
                                f"({len(self.waiting[0].token_ids)} tokens) even alone; raise --kv-cache-memory")
         self.prefilling.extend(admitted)
         self._preempt()
-        prompts, chunks, tic = [], [], time.perf_counter()
+        prompts, chunks, tic, drafting = [], [], time.perf_counter(), self.engine.metrics.time_drafting
         streams = bool(self.running)  # streams waiting on this step: their latency is what the pacer keeps
         if self.prefilling:
             chunks = self._chunks()
@@ -183,7 +183,8 @@ class Scheduler:
             outputs, started = self.engine.step(self.running), []
         self._last_drafted = sum(out.num_drafted for out in outputs)
         if self.pacer is not None and streams:
-            self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic)
+            self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic,
+                               self.engine.metrics.time_drafting - drafting)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self._finish(seq)
