@@ -171,9 +171,10 @@ def test_a_step_s_drafting_is_not_charged_to_its_prompt_tokens():
     adds, and the decoding step the share is of includes the last step's drafting."""
     pacer = PrefillPacer()
     for i in range(24):
-        tokens, rows = (0, 8 + i % 3) if i % 3 == 0 else (16, 8 + i % 3)
+        tokens, rows = (0 if i % 3 == 0 else 16), 8 + i % 4  # the decoding step measured at 8-11 rows
         drafting = 0.05 if tokens else 0.0  # only the steps feeding prompts draft (as in a ramp)
         pacer.observe(tokens, rows, 0.3 + 0.02 * rows + 0.02 * tokens + drafting, drafting)
+    assert pacer.decoding_step() == (pytest.approx(0.3), pytest.approx(0.02))
     a, b = pacer.line()
     assert b == pytest.approx(0.02) and a == pytest.approx(0.3 + 0.02 * pacer._last_decoding + 0.05)
 
