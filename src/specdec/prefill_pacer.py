@@ -163,18 +163,16 @@ class PrefillPacer:
         if not self._fed or not self._plain:
             return None
         fitted = self.decoding_step()
-        if fitted is not None:
-            c, e = fitted
-            over = [(x, t - c - e * d) for x, d, t in self._fed]  # (C, time beyond the decoding step)
-        else:  # one width measured: a decoding token priced as a prompt token, e = b
-            width, c = self._plain[0][0], statistics.median(t for _, t in self._plain)
-            over = [(x + d - width, t - c) for x, d, t in self._fed]
+        if fitted is None:  # one width measured: a decoding token priced as a prompt token, e = b
+            width, step = self._plain[0][0], statistics.median(t for _, t in self._plain)
+            over = [(x + d - width, t - step) for x, d, t in self._fed]
+        else:
+            over = [(x, t - fitted[0] - fitted[1] * d) for x, d, t in self._fed]  # (C, time beyond the decoding step)
         weights = [DECAY**age for age in range(len(over) - 1, -1, -1)]
         sxx = sum(wt * x * x for wt, (x, _) in zip(weights, over))
         b = max(0.0, sum(wt * x * r for wt, (x, r) in zip(weights, over)) / sxx) if sxx > 0 else 0.0
-        if fitted is not None:
-            return c + e * self._last_decoding + self._last_drafting, b
-        return c + b * (self._last_decoding - width) + self._last_drafting, b
+        c, e = fitted or (step - b * width, b)
+        return c + e * self._last_decoding + self._last_drafting, b
 
     def budget(self, cap: int, running: bool) -> int:
         """Prompt tokens for the next step: ``cap`` at most; paced only while ``running`` streams wait (0: a probe)."""
