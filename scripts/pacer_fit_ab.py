@@ -11,7 +11,7 @@ prompt token against the mean step without prompts).
 
 Flags other than this script's own go to ``bench-serve`` (its defaults otherwise, e.g. 1, 4, 16 and 64 streams).
 The baseline's module is read with ``git show REV:src/specdec/prefill_pacer.py`` (so the repository's history
-must be there) and given the scheduler's current ``observe(tokens, decoding, seconds, drafting)``.
+must be there) and given the scheduler's current ``observe(tokens, decoding, seconds, drafting, drafted)``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def baseline_pacer(rev: str) -> type:
-    """The ``PrefillPacer`` of commit ``rev``, taking (and ignoring, if it predates them) the decoding tokens and
-    the drafting seconds."""
+    """The ``PrefillPacer`` of commit ``rev``, taking (and ignoring, if it predates them) the decoding tokens, the
+    drafting seconds and the drafts verified."""
     source = subprocess.run(["git", "show", f"{rev}:src/specdec/prefill_pacer.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType(f"prefill_pacer_{rev}")
@@ -41,8 +41,9 @@ def baseline_pacer(rev: str) -> type:
     takes = pacer.observe.__code__.co_varnames[1:pacer.observe.__code__.co_argcount]  # after self
 
     class Baseline(pacer):
-        def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0) -> None:
-            given = {"tokens": tokens, "decoding": decoding, "seconds": seconds, "drafting": drafting}
+        def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0, drafted: int = 0) -> None:
+            given = {"tokens": tokens, "decoding": decoding, "seconds": seconds, "drafting": drafting,
+                     "drafted": drafted}
             super().observe(*(given[name] for name in takes))
 
     return Baseline

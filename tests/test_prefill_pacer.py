@@ -142,7 +142,7 @@ def test_until_two_widths_are_measured_a_decoding_token_is_priced_as_a_prompt_to
         tokens, decoding = (0, 10) if i % 4 == 0 else (16 * (i % 4), 10 + i % 5)
         pacer.observe(tokens, decoding, 0.002 + 0.0002 * (decoding + tokens))
     assert pacer.decoding_step() is None
-    assert pacer.line() == (pytest.approx(0.002 + 0.0002 * pacer._last_decoding), pytest.approx(0.0002))
+    assert pacer.line() == (pytest.approx(0.002 + 0.0002 * pacer._last_rows), pytest.approx(0.0002))
 
 
 def test_one_slow_step_without_prompts_does_not_cheapen_a_prompt_token():
@@ -166,17 +166,21 @@ def test_one_slow_step_without_prompts_does_not_cheapen_a_prompt_token():
     assert pacer.budget(64, running=True) <= int(SHARE * cost(rows, 0) / 0.019 * 1.05)
 
 
-def test_a_step_s_drafting_is_not_charged_to_its_prompt_tokens():
-    """The drafter's seconds are timed apart: a step that drafted and fed prompts prices a prompt token at what it
-    adds, and the decoding step the share is of includes the last step's drafting."""
-    pacer = PrefillPacer()
+def test_a_step_s_drafts_are_not_charged_to_its_prompt_tokens_nor_widen_their_share():
+    """The drafter's seconds are timed apart and the drafts verified are decoding tokens: a step that drafted and
+    fed prompts prices a prompt token at what it adds, and the share is of plain decoding's step at the last
+    step's rows, so a drafting step gives the prompts what a plain step at those rows would."""
+    drafted, plain = PrefillPacer(), PrefillPacer()
     for i in range(24):
         tokens, rows = (0 if i % 3 == 0 else 16), 8 + i % 4  # the decoding step measured at 8-11 rows
-        drafting = 0.05 if tokens else 0.0  # only the steps feeding prompts draft (as in a ramp)
-        pacer.observe(tokens, rows, 0.3 + 0.02 * rows + 0.02 * tokens + drafting, drafting)
-    assert pacer.decoding_step() == (pytest.approx(0.3), pytest.approx(0.02))
-    a, b = pacer.line()
-    assert b == pytest.approx(0.02) and a == pytest.approx(0.3 + 0.02 * pacer._last_decoding + 0.05)
+        drafts, drafting = (rows, 0.05) if tokens else (0, 0.0)  # only the steps feeding prompts draft (a ramp)
+        drafted.observe(tokens, rows + drafts, 0.3 + 0.02 * (rows + drafts) + 0.02 * tokens + drafting, drafting,
+                        drafts)
+        plain.observe(tokens, rows, 0.3 + 0.02 * rows + 0.02 * tokens)
+    assert drafted.decoding_step() == (pytest.approx(0.3), pytest.approx(0.02))
+    a, b = drafted.line()
+    assert b == pytest.approx(0.02) and a == pytest.approx(0.3 + 0.02 * 11)  # the last step: 11 rows, 11 drafts
+    assert drafted.budget(256, running=True) == plain.budget(256, running=True) == int(SHARE * a / b)
 
 
 def test_under_a_flood_a_probe_every_period():
@@ -240,7 +244,7 @@ class _Fixed:
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
 
-    def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0) -> None:
+    def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0, drafted: int = 0) -> None:
         pass
 
     def budget(self, cap: int, running: bool) -> int:
@@ -283,8 +287,7 @@ def test_a_real_pacer_observes_every_step_that_ran_streams(target):
     llm = LLM(target, dtype="float64", backend="fast", max_num_seqs=4, serving=True)
     observed, ran_streams = [], []
     observe = llm.scheduler.pacer.observe
-    llm.scheduler.pacer.observe = lambda tokens, decoding, seconds, drafting: (
-        observed.append(tokens) or observe(tokens, decoding, seconds, drafting))
+    llm.scheduler.pacer.observe = lambda tokens, *rest: observed.append(tokens) or observe(tokens, *rest)
     step = llm.step
     llm.step = lambda: ran_streams.append(bool(llm.scheduler.running)) or step()
     _, fed = _serve(llm, None)

@@ -6,13 +6,13 @@ A scheduler step that feeds ``C`` prompt tokens beside the decoding step of the 
 decoding step's forward where the backend fuses them (:mod:`specdec.models.segments`), else they are their
 own forwards before it; either way ``T`` grows with every token on a CPU, and a fixed token budget cannot
 bound a stream's latency: 128 tokens moved the embedded pair's p99 inter-token latency 2.3-4.8x
-(``docs/lab-notes/2026-11-24-serving.md``). The pacer keeps ``T(C) <= (1 + SHARE) T(0)``
-(``SHARE`` by default, else the ``share`` it is given).
+(``docs/lab-notes/2026-11-24-serving.md``). The pacer keeps what the prompt tokens add to a step within
+``SHARE`` (by default, else the ``share`` it is given) of plain decoding's step at the running rows: a plain
+step feeding prompts takes at most ``(1 + SHARE) T(0)``, and a drafting step its own time plus that share.
 
 The measurement. Each step that ran streams reports its seconds ``T``, the seconds it drafted, the prompt
-tokens it fed ``C`` and its decoding tokens ``D`` (one per running row plus the drafts it verified). The drafting
-is timed, so it is taken out of ``T`` and added back to the decoding step it belongs to. The two other costs are
-measured apart:
+tokens it fed ``C``, its decoding tokens ``D`` (one per running row plus the drafts it verified) and those drafts.
+The drafting is timed, so it is taken out of ``T``. The two other costs are measured apart:
 
 - the decoding step ``T0(D) = c + e D``, through the last ``PLAIN_WINDOW`` steps that fed no prompt token,
   robustly: ``e`` the median of the slopes between two of them (each weighing the widths apart, and less the older
@@ -21,7 +21,9 @@ measured apart:
 - ``b``, what a prompt token adds to a step: over the last ``WINDOW`` steps that fed prompts (weights decaying by
   ``DECAY`` per such step), least squares through the origin of their time beyond the decoding step at their
   width, ``T - T0(D) = b C`` (``b`` at least 0);
-- ``a = T0(D_last)`` plus the last step's drafting, the decoding step at the last step's decoding tokens;
+- ``a = T0(R)``, plain decoding's step at the last step's rows ``R`` (its decoding tokens but its drafts): the
+  share is of the step every method's rows take without drafts, so a drafting step feeds the prompt tokens a
+  plain step at its rows would (why, below);
 - ``C = SHARE a / b``, within ``[MIN_PACED_CHUNK, cap]``, ``cap`` the scheduler's token budget; with no stream
   running (nobody's latency to keep), ``cap``; while ``b`` is not measured (or measured at 0: on a CPU a prompt
   token always costs something, and the whole budget beside running streams took about five decoding steps at the
@@ -35,6 +37,14 @@ run more rows: priced against the mean step without prompts, a prompt token came
 (eagle at 16 streams on the embedded pair, ``docs/lab-notes/2026-11-28-pacer-fit.md``). Until the steps without
 prompt tokens were measured at two widths, a decoding token is priced as a prompt token (``e = b``, solved with
 ``b``): in a fused forward both are one more token through the same weights.
+
+Why the share is of plain decoding's step, not of the last step drafts and drafting included (until 2026-11-30):
+a drafting step then fed prompts in proportion to its own length, so under a step bound ``R`` a drafting step
+that fed prompts took up to ``R`` times plain decoding's paced step, where it now takes at most ``(R + SHARE) /
+(1 + SHARE)`` of it (1.17 at ``R`` = 1.25), and a method's closed loop fed prompts by its drafts. At 16 streams at
+the ``1b`` shape on an AMX host, over five rounds, eagle's p99 inter-token latency went from 1.35x plain
+decoding's to 1.08x with throughput from 1.00x to 1.05x; draft_model's moved within what plain decoding moved
+against itself; speculation's median time to first token rose 1.26-1.32x (``docs/lab-notes/2026-11-30-amx-host.md``).
 
 Why apart and robust, not one least-squares fit ``T = c + e D + b C`` (until 2026-11-30): at saturation only one
 step in ``PROBE_EVERY`` feeds no prompt, so in a joint fit that one step alone set the intercept, and in a ramp
@@ -77,8 +87,9 @@ stream on the embedded pair ``SHARE a / b`` is 8-9 tokens, and the floor's 16 do
 (``docs/lab-notes/2026-11-29-flood.md``)."""
 
 SHARE = 0.5
-"""What the prompt tokens of a paced step may add to it by default, as a share of a decoding step: a running
-stream's inter-token latency stays within 1.5 times a step without prompts (the serving targets allow 2).
+"""What the prompt tokens of a paced step may add to it by default, as a share of plain decoding's step at the
+running rows: a running stream's inter-token latency stays within 1.5 times a step without prompts or drafts (a
+drafting step's, within its own time plus half of that; the serving targets allow 2).
 ``prefill_share`` (``--prefill-share``) sets another: more lowers the waiting prompts' time to first token and
 raises the running streams' inter-token latency (``docs/lab-notes/2026-11-29-prefill-share.md``)."""
 
@@ -125,17 +136,16 @@ class PrefillPacer:
         self.share = check_prefill_share(share)
         self._plain: deque[tuple[float, float]] = deque(maxlen=PLAIN_WINDOW)  # (D, T) of steps without prompts
         self._fed: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)  # (C, D, T) of steps that fed prompts
-        self._last_decoding = 0.0  # the decoding tokens of the last step measured
-        self._last_drafting = 0.0  # the seconds it drafted
+        self._last_rows = 0.0  # the rows the last step measured decoded (its decoding tokens but its drafts)
         self._since_plain = PROBE_EVERY  # steps since the last one that fed no prompt token
         self._widest = 0.0  # the most prompt tokens a step fed, decayed per step
 
-    def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0) -> None:
-        """A scheduler step that ran the running streams' ``decoding`` tokens (rows plus drafts) and fed
-        ``tokens`` prompt tokens (0: none) took ``seconds``, ``drafting`` of them in the drafter."""
+    def observe(self, tokens: int, decoding: int, seconds: float, drafting: float = 0.0, drafted: int = 0) -> None:
+        """A scheduler step that ran the running streams' ``decoding`` tokens (rows plus the ``drafted`` tokens it
+        verified) and fed ``tokens`` prompt tokens (0: none) took ``seconds``, ``drafting`` of them in the drafter."""
         self._since_plain = 0 if tokens == 0 else self._since_plain + 1
-        self._last_decoding = d = float(decoding)
-        self._last_drafting = drafting
+        d = float(decoding)
+        self._last_rows = d - drafted
         self._widest = max(float(tokens), self._widest * DECAY)
         if tokens == 0:
             self._plain.append((d, seconds - drafting))
@@ -158,8 +168,8 @@ class PrefillPacer:
         return statistics.median(t - e * d for d, t in plain[-INTERCEPT_STEPS:]), e
 
     def line(self) -> tuple[float, float] | None:
-        """``(a, b)``: the step ``a + b C`` seconds at the last step's decoding tokens, or None until a step
-        without prompt tokens and one with them were measured."""
+        """``(a, b)``: plain decoding's step ``a`` at the last step's rows, ``b`` seconds a prompt token adds to it;
+        None until a step without prompt tokens and one with them were measured."""
         if not self._fed or not self._plain:
             return None
         fitted = self.decoding_step()
@@ -172,7 +182,7 @@ class PrefillPacer:
         sxx = sum(wt * x * x for wt, (x, _) in zip(weights, over))
         b = max(0.0, sum(wt * x * r for wt, (x, r) in zip(weights, over)) / sxx) if sxx > 0 else 0.0
         c, e = fitted or (step - b * width, b)
-        return c + e * self._last_decoding + self._last_drafting, b
+        return c + e * self._last_rows, b
 
     def budget(self, cap: int, running: bool) -> int:
         """Prompt tokens for the next step: ``cap`` at most; paced only while ``running`` streams wait (0: a probe)."""

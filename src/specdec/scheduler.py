@@ -15,8 +15,8 @@ gives the decoding rows their tokens first (one per row plus the drafts the prev
 the estimate of this step's); what is left of the token budget goes to the prompts being fed,
 oldest first, at least :data:`MIN_PREFILL_CHUNK` tokens per step so that a prompt is never starved
 by a saturated batch. In a server at the CPU's default budget the prompts' share is also paced by measured
-time, so that the prompt tokens add at most half a decoding step (:mod:`specdec.prefill_pacer`), and the
-drafts leave the prompts' share alone (the pacer prices the drafting step's time). Where the
+time, so that the prompt tokens add at most half of plain decoding's step at the running rows
+(:mod:`specdec.prefill_pacer`), whatever the rows draft. Where the
 backend fuses them (``fuses_prefill``: the fast backend on a CPU) the chunks are fed in the decoding step's
 own forward (:meth:`~specdec.engine.Engine.step_feeding`), and a sequence whose prompt is then cached (but
 its pending token) joins the next step; else they are fed in forwards of their own first, and it joins the
@@ -184,7 +184,7 @@ class Scheduler:
         self._last_drafted = sum(out.num_drafted for out in outputs)
         if self.pacer is not None and streams:
             self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic,
-                               self.engine.metrics.time_drafting - drafting)
+                               self.engine.metrics.time_drafting - drafting, self._last_drafted)
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self._finish(seq)
@@ -204,8 +204,8 @@ class Scheduler:
         if self.max_num_batched_tokens is None:
             return None
         # The decoding rows come first, and their drafts count against a budget of tokens (vLLM's meaning of
-        # the budget). Not where the pacer budgets time: there a step's drafting already raises the decoding
-        # step it prices, and counting the drafts again took prompt tokens out of every drafting step.
+        # the budget). Not where the pacer budgets time: there the prompts' share is of plain decoding's step at
+        # the rows, which the drafts neither take from nor add to.
         drafts = self._last_drafted if self.running and self.pacer is None else 0
         decoding = len(self.running) + drafts
         budget = max(self.max_num_batched_tokens - decoding, min(MIN_PREFILL_CHUNK, self.max_num_batched_tokens))
