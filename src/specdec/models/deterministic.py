@@ -16,6 +16,11 @@ torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` 
   except a packed bfloat16 one, which :func:`~.cpu_linear.linear` already computes over 4 rows where it
   has fewer (in both modes: oneDNN's one-row kernel was the slower one too), so a verification's 5 rows
   are not padded to 8.
+- **matrix products where oneDNN runs AMX** (a 2-core Intel Xeon with ``amx_bf16``, torch 2.13, 2 threads;
+  ``docs/lab-notes/2026-11-30-amx-host.md``): a bfloat16 row has the same bits for every row count from 1 to 32
+  and others past 32 (2-28 of 33-40 rows differ for 1,024-8,192 outputs), and a plain float32 row the same from 4
+  to 12 and others from 13 (every row). Fix: :func:`rows_linear` computes a product a block of at most
+  :data:`ROW_BLOCK` rows at a time (32 for bfloat16, 8 for the others).
 - **attention** (torch's CPU flash SDPA): a query's output changes with the number of queries
   (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
   or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
@@ -40,14 +45,28 @@ KEY_BLOCK = 64
 ROW_TILE = 4
 """Every matrix product is given a multiple of this many rows (the missing ones are copies of the first)."""
 
+ROW_BLOCK = {torch.bfloat16: 32}
+"""The most rows one product computes, by weight dtype (:data:`OTHER_ROW_BLOCK` for the others): a product over
+more is computed a block at a time. Where oneDNN runs AMX, a bfloat16 row's bits are the same for every row count
+from 1 to 32 and change past it, and a plain float32 row's (MKL) from 4 to 12 and past it."""
+
+OTHER_ROW_BLOCK = 8
+"""The most rows one product computes with a weight whose dtype :data:`ROW_BLOCK` does not name."""
+
 
 def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
-    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``, ``args[0]`` its weight) computed
-    over a multiple of :data:`ROW_TILE` rows: the rows are padded with copies of the first and only theirs
-    kept. A oneDNN-packed bfloat16 weight needs no padding: every row count from 2 up takes the same kernel,
-    and :func:`~.cpu_linear.linear` computes fewer rows than 4 as 4 where one row would take another.
-    Returns ``[..., out]``."""
-    count = x.numel() // x.shape[-1]
+    """``fn(x, *args)`` (a linear over the last dim of ``x`` ``[..., in]``, ``args[0]`` its weight) computed a
+    block of at most :data:`ROW_BLOCK` rows at a time, each over a multiple of :data:`ROW_TILE` rows: the rows are
+    padded with copies of the first and only theirs kept. A oneDNN-packed bfloat16 weight needs no padding: every
+    row count from 2 to the block takes the same kernel, and :func:`~.cpu_linear.linear` computes fewer rows than 4
+    as 4 where one row would take another. Returns ``[..., out]``."""
+    width = x.shape[-1]
+    count = x.numel() // width
+    block = ROW_BLOCK.get(args[0].dtype, OTHER_ROW_BLOCK)
+    if count > block:
+        flat = x.reshape(count, width)
+        out = torch.cat([rows_linear(fn, flat[i : i + block], *args) for i in range(0, count, block)])
+        return out.reshape(*x.shape[:-1], out.shape[-1])
     if count % ROW_TILE == 0 or pads_few_rows(args[0]):
         return fn(x, *args)
     return over_rows(fn, x, count + ROW_TILE - count % ROW_TILE, *args)
