@@ -85,25 +85,26 @@ def _count_row_differences(w: torch.Tensor, rows: torch.Tensor, differ: dict[str
             differ[label] += sum(not torch.equal(full[i], fn(batch[i : i + 1])[0]) for i in range(m))
 
 
-def test_attention_is_query_and_key_invariant_and_sdpa_is_not():
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 64), (8, 2, 128)])
+def test_attention_is_query_and_key_invariant_and_sdpa_is_not(heads, kv_heads, dim):
     """A query's attention output as a one-token decode (exact key length) against the same query in a
-    verification of 2..9 queries over a key length padded past it: identical with :func:`det.attend`,
-    not with the default SDPA."""
+    verification of 2..9 queries or a prefill chunk of 33, over a key length padded past it: identical with
+    :func:`det.attend`, not with the default SDPA. A head size of 128 with 4 queries per KV head gives products
+    over 8 to 132 query columns (on an AMX Xeon, queries as a product's rows took other bits past 4 of them)."""
     torch.manual_seed(1)
-    heads, kv_heads, dim = 4, 4, 64
     keys, values = torch.randn(2, 1, kv_heads, 400, dim).bfloat16().unbind(0)
     q = torch.randn(1, heads, 400, dim).bfloat16()
     differ = {True: 0, False: 0}
     for deterministic in (True, False):
-        for start, width, extra in ((40, 5, 0), (100, 9, 30), (300, 4, 70), (63, 2, 1)):
+        for start, width, extra in ((40, 5, 0), (100, 9, 30), (300, 4, 70), (63, 2, 1), (200, 33, 0)):
             length = start + width + extra
             mask = (torch.arange(length)[None, :] <= torch.arange(start, start + width)[:, None])[None, None]
             out = attend(q[:, :, start : start + width], keys[:, :, :length], values[:, :, :length], mask,
-                         dim**-0.5, False, False, deterministic=deterministic)
+                         dim**-0.5, heads != kv_heads, False, deterministic=deterministic)
             for t in range(width):
                 p = start + t
                 alone = attend(q[:, :, p : p + 1], keys[:, :, : p + 1], values[:, :, : p + 1], None, dim**-0.5,
-                               False, True, deterministic=deterministic)
+                               heads != kv_heads, True, deterministic=deterministic)
                 differ[deterministic] += not torch.equal(out[:, :, t : t + 1], alone)
     assert differ[True] == 0
     assert differ[False] > 0, "SDPA was expected to depend on the query count and key length (this CPU?)"

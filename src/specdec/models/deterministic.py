@@ -25,7 +25,10 @@ torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` 
   (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
   or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
   explicit attention over fixed blocks of :data:`KEY_BLOCK` keys at fixed offsets, in float32, the
-  blocks combined in ascending order: every product reduces over ``head_dim`` or one block.
+  blocks combined in ascending order: every product reduces over ``head_dim`` or one block. On the AMX Xeon
+  (MKL), a float32 product of the queries (as rows) with the keys transposed gives a query other bits at 8 rows than
+  at 4 for a head size of 128; with the keys as the rows and the queries as the columns, a query's column has the
+  same bits for any number of columns and keys (``docs/lab-notes/2026-11-30-amx-host.md``).
 - **RMSNorm, rotary, activations, residuals, the argmax**: per row already (no difference measured).
 
 The logits stay in the model's dtype (an argmax over identical logits is identical, ties included);
@@ -80,15 +83,14 @@ def pad_keys(key_len: int) -> int:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
            softcap: float | None = None) -> torch.Tensor:
     """Scaled dot-product attention of ``q`` ``[R, heads, T, head_dim]`` over ``keys`` and ``values``
-    ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` bool or None: all visible), with a
-    reduction order fixed per query: scores in float32 (products over ``head_dim``), masked, the
-    row's maximum subtracted (a maximum is exact in any order), then per block of :data:`KEY_BLOCK`
-    keys at offsets ``0, 64, ...`` the exponentials' sum and their product with the values, and the
-    blocks summed in ascending order (a masked key adds an exact zero, so keys past the query's last
-    visible one change nothing). ``K`` not a multiple of the block is padded (masked zeros).
-    The query rows (``heads // kv_heads * T`` per KV head) are padded to a multiple of :data:`ROW_TILE`.
-    ``softcap``: scores become ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T, head_dim]``
-    in ``q``'s dtype."""
+    ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` bool or None: all visible), with a reduction order
+    fixed per query: scores in float32 (products over ``head_dim``, a query's scores one column of a product whose
+    rows are the keys), masked, the query's maximum subtracted (a maximum is exact in any order), then per block of
+    :data:`KEY_BLOCK` keys at offsets ``0, 64, ...`` the exponentials' sum and their product with the values, and
+    the blocks summed in ascending order (a masked key adds an exact zero, so keys past the query's last visible one
+    change nothing). ``K`` not a multiple of the block is padded (masked zeros). The queries
+    (``heads // kv_heads * T`` per KV head) are padded to a multiple of :data:`ROW_TILE`. ``softcap``: scores become
+    ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T, head_dim]`` in ``q``'s dtype."""
     rows, heads, width, head_dim = q.shape
     kv_heads, key_len = keys.shape[1], keys.shape[2]
     padded = pad_keys(key_len)
@@ -105,17 +107,23 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         q = torch.cat([q, q[:, :, :1].expand(-1, -1, more, -1)], dim=2)
         mask = torch.cat([mask, mask[:, :, :1].expand(-1, -1, more, -1)], dim=2)
         return attend(q, keys, values, mask, scale, softcap)[:, :, :width]
-    grouped = q.reshape(rows, kv_heads, queries, head_dim).float()
-    scores = torch.matmul(grouped, keys.float().transpose(2, 3)) * scale  # [R, kvh, G*T, K]
+    # The keys are the score product's rows and the queries its columns: a column's bits do not depend on how many
+    # columns there are, where a row's of a product with a transposed right operand (queries as rows against the
+    # keys transposed) change with the row count on the AMX Xeon for a head size of 128.
+    columns = q.reshape(rows, kv_heads, queries, head_dim).transpose(2, 3).float().contiguous()  # [R, kvh, D, G*T]
+    rows_of_keys = keys.to(torch.float32, memory_format=torch.contiguous_format)  # both operands contiguous
+    scores = torch.matmul(rows_of_keys, columns) * scale  # [R, kvh, K, G*T]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     visible = mask[:, :, None].expand(rows, 1, group, width, padded).reshape(rows, 1, queries, padded)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    scores = scores.masked_fill(~visible.transpose(2, 3), float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=2, keepdim=True))
     blocks = padded // KEY_BLOCK
-    weights = weights.view(rows, kv_heads, queries, blocks, KEY_BLOCK)
-    total = weights.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # [R, kvh, G*T, 1], blocks in order
-    per_block = torch.matmul(weights.transpose(2, 3),  # [R, kvh, blocks, G*T, B] @ [R, kvh, blocks, B, D]
-                             values.float().view(rows, kv_heads, blocks, KEY_BLOCK, head_dim))
+    weights = weights.view(rows, kv_heads, blocks, KEY_BLOCK, queries)
+    # Back to a query per row before the sums over the keys: a sum over a dim that is not the innermost one changes
+    # its order with the number of queries.
+    weights = weights.transpose(3, 4).contiguous()  # [R, kvh, blocks, G*T, B]
+    total = weights.sum(dim=-1).cumsum(dim=2)[:, :, -1, :, None]  # [R, kvh, G*T, 1], blocks in order
+    per_block = torch.matmul(weights, values.float().view(rows, kv_heads, blocks, KEY_BLOCK, head_dim))
     out = per_block.cumsum(dim=2)[:, :, -1] / total  # [R, kvh, G*T, D]
     return out.view(rows, heads, width, head_dim).to(q.dtype)
