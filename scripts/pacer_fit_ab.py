@@ -16,16 +16,12 @@ must be there) and given the scheduler's current ``observe(tokens, decoding, sec
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import subprocess
 import types
 from pathlib import Path
 
 from specdec import scheduler as scheduler_module
-from specdec.bench import serving
-from specdec.cli import build_parser
+from specdec.bench import interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,40 +46,12 @@ def baseline_pacer(rev: str) -> type:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=3)
     parser.add_argument("--baseline", default="aadac41", help="the commit whose pacer is compared (default aadac41)")
-    parser.add_argument("--methods", default="plain,eagle,draft_model,suffix", help="plain is needed for the ratios")
-    parser.add_argument("--workloads", default="code", help="bench-serve workloads, comma-separated (default code)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", default=None, help="also write every row here")
     cli, rest = parser.parse_known_args()
-    # every other flag is bench-serve's own: --concurrency, --num-requests, --shape, --max-step-time-ratio, ...
-    args = build_parser().parse_args(["bench-serve", "--in-process", *rest])
-    args.workloads = cli.workloads.split(",")
     pacers = {"this checkout": scheduler_module.PrefillPacer, cli.baseline: baseline_pacer(cli.baseline)}
-    target, draft = serving.pair_folders(args)
-    workloads, rows = None, []
-    for r in range(1, cli.rounds + 1):
-        order = list(pacers.items()) if r % 2 else list(pacers.items())[::-1]
-        for method in cli.methods.split(","):
-            for name, pacer in order:
-                scheduler_module.PrefillPacer = pacer
-                workloads, got = serving.run_method(method, args, workloads, target, draft, r)
-                rows += [dict(g, pacer=name) for g in got]
-    if cli.json:
-        Path(cli.json).write_text(json.dumps(rows))
-    for name in pacers:
-        print(f"pacer of {name}:")
-        print(serving.table(serving.compare([g for g in rows if g["pacer"] == name])))
-    for method, workload, c in sorted({(g["method"], g["workload"], g["concurrency"]) for g in rows}):
-        ratios = {"tokens_per_second": [], "ttft_ms_p50": [], "itl_ms_p99": []}
-        for r in range(1, cli.rounds + 1):
-            new, old = (next(g for g in rows if (g["method"], g["workload"], g["concurrency"], g["round"], g["pacer"])
-                             == (method, workload, c, r, name)) for name in pacers)
-            for key, values in ratios.items():
-                values.append(new[key] / old[key])
-        print(f"{method}, {workload}, {c} streams, this checkout / {cli.baseline}, medians: "
-              + ", ".join(f"{key} {statistics.median(v):.2f}" for key, v in ratios.items()))
+    interleaved.main(cli, rest, {name: (lambda pacer=pacer: setattr(scheduler_module, "PrefillPacer", pacer))
+                                 for name, pacer in pacers.items()})
 
 
 if __name__ == "__main__":

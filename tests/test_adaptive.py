@@ -94,19 +94,38 @@ def test_padded_grid_drafts_every_row_to_the_width():
     assert choose_ks(rates, limits, CostModel(8.0, 0.1, 0.0), padded=True) == ([0] * 16, 1.0)
 
 
+@pytest.mark.parametrize(("rows", "padded"), [(1, False), (16, False), (16, True)])
+def test_prompt_tokens_in_the_step_are_work_the_drafts_must_not_slow(rows, padded):
+    """A step that also feeds prompt tokens (chunked prefill) is priced by its work per second, emitted and prompt
+    tokens alike. Where each token costs about as much as the step's mean (the step's tokens already fill the
+    machine), drafts that pay for the rows alone no longer pay beside 40 prompt tokens; where verification is
+    free and drafting cheap, they still do. The predicted speedup is the whole step's."""
+    rates, limits = [[0.6] * MAX_K] * rows, [MAX_K] * rows
+    dear = CostModel(intercept=0.15, slope=0.0017, draft=0.02)  # a token 1.7 ms, a draft position 20 ms
+    alone, speedup = choose_ks(rates, limits, dear, padded)
+    assert any(alone) and speedup > 1
+    assert choose_ks(rates, limits, dear, padded, prompt_tokens=40) == ([0] * rows, 1.0)
+    cheap = CostModel(intercept=0.15, slope=0.0, draft=0.002)
+    ks, speedup = choose_ks(rates, limits, cheap, padded, prompt_tokens=40)
+    assert any(ks) and speedup > 1
+    plain = (rows + 40) / cheap.target_seconds(rows + 40)
+    assert speedup == pytest.approx(step_rate(rates, ks, cheap, padded, prompt_tokens=40) / plain)
+
+
 def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool,
-              proposing: list[float] | None = None) -> float:
+              proposing: list[float] | None = None, prompt_tokens: int = 0) -> float:
     """Predicted tokens per second of drafting ``ks``, row ``b`` proposing with probability ``proposing[b]``:
     one row is a drafting step or (nothing proposed) a plain one; many rows feed their expected number
-    of tokens, the cost between whole numbers interpolated."""
-    rows, width = len(ks), max(ks)
+    of tokens, the cost between whole numbers interpolated; ``prompt_tokens`` fed besides count as tokens
+    and cost as tokens fed."""
+    rows, width, extra = len(ks), max(ks), prompt_tokens
     p = proposing or [1.0] * rows
-    tokens = rows + sum(q * (expected_tokens(r, k) - 1) for q, r, k in zip(p, rates, ks))
+    tokens = rows + extra + sum(q * (expected_tokens(r, k) - 1) for q, r, k in zip(p, rates, ks))
     if rows == 1 and width:
-        return tokens / (p[0] * cost.seconds(1 + ks[0], width) + (1 - p[0]) * cost.seconds(1, 0))
+        return tokens / (p[0] * cost.seconds(1 + ks[0] + extra, width) + (1 - p[0]) * cost.seconds(1 + extra, 0))
     if padded or not width:
-        return tokens / cost.seconds(rows * (width + 1) if padded else rows, width)
-    fed = rows + sum(q * k for q, k in zip(p, ks))
+        return tokens / cost.seconds((rows * (width + 1) if padded else rows) + extra, width)
+    fed = rows + extra + sum(q * k for q, k in zip(p, ks))
     low = math.floor(fed)
     target = cost.target_seconds(low) + (fed - low) * (cost.target_seconds(low + 1) - cost.target_seconds(low))
     return tokens / cost.with_drafting(target, width)
@@ -185,6 +204,60 @@ def simulate(alpha: float, step_seconds, steps: int = 400, rows: int = 1, seed: 
         policy.observe(seqs, ks, accepted, StepCost(rows + sum(ks), width, target, draft))
         chosen.append(ks)
     return chosen
+
+
+def test_no_drafts_while_prompts_wait_past_the_step():
+    """A prompt backlog (tokens left to feed after this step) turns the step's drafts off, probes included, and the
+    choice is counted as speculation off; with no backlog the same rows draft again."""
+    policy, metrics = AdaptiveK(4), BatchMetrics()
+    policy.bind_metrics(metrics)
+    seqs = [FakeSeq(str(b)) for b in range(4)]
+    rng = random.Random(1)
+    for _ in range(40):
+        ks = policy.choose(seqs, [4] * 4)
+        fed = 4 + sum(ks)
+        policy.observe(seqs, ks, bernoulli_accepted(ks, 0.9, rng), StepCost(fed, max(ks), 0.1 + 0.0001 * fed,
+                                                                            0.001 * max(ks)))
+    assert any(policy.choose(seqs, [4] * 4))
+    off = metrics.num_speculation_off_steps
+    assert all(policy.choose(seqs, [4] * 4, prompt_tokens=32, prompt_backlog=100) == [0] * 4 for _ in range(40))
+    assert metrics.num_speculation_off_steps == off + 40
+    assert sum(any(policy.choose(seqs, [4] * 4, prompt_tokens=8)) for _ in range(4)) >= 3  # a probe at most
+
+
+def saturated(fused: bool, steps: int = 300, prompt_tokens: int = 32, rows: int = 16) -> list[int]:
+    """A server warmed up on one row, then saturated: 16 rows, every step feeding 32 prompt tokens (in its own
+    forward where ``fused``). The clock: 100 ms, flat up to 8 tokens (memory-bound), then 2.5 ms a token; 15 ms a
+    draft position; α = 0.7. Returns the tokens drafted at each saturated step."""
+    policy, rng = AdaptiveK(4), random.Random(3)
+
+    def clock(tokens: int) -> float:
+        return 0.1 + 0.0025 * max(0, tokens - 8)
+
+    one = [FakeSeq("warm")]
+    for _ in range(60):
+        ks = policy.choose(one, [4])
+        policy.observe(one, ks, bernoulli_accepted(ks, 0.7, rng), StepCost(1 + ks[0], ks[0], clock(1 + ks[0]),
+                                                                        0.015 * ks[0]))
+    seqs, drafted = [FakeSeq(str(b)) for b in range(rows)], []
+    for _ in range(steps):
+        ks = policy.choose(seqs, [4] * rows, prompt_tokens=prompt_tokens)
+        fed, width = rows + sum(ks), max(ks)
+        step = StepCost(fed, width, clock(fed + prompt_tokens), 0.015 * width, prompt_tokens, prompt_fused=fused)
+        policy.observe(seqs, ks, bernoulli_accepted(ks, 0.7, rng), step)
+        drafted.append(sum(ks))
+    return drafted
+
+
+def test_a_saturated_server_learns_its_cost_from_the_steps_that_feed_prompts():
+    """At saturation every step feeds prompts. A step that feeds them in its forward is a point of the cost line
+    over all its tokens: the policy learns that a token costs 2.5 ms there, so 16 rows beside 32 prompt tokens
+    stay plain (one position a row: 59.2 tokens of work in 275 ms against 48 in 220). Fed apart (another
+    forward, so no point of the line), only the warm-up's flat steps price the drafts, which then look free."""
+    fused = saturated(True)[100:]
+    assert sum(1 for n in fused if n == 0) > 0.85 * len(fused), fused
+    apart = saturated(False)[100:]
+    assert sum(1 for n in apart if n > 0) > 0.85 * len(apart), apart
 
 
 @pytest.mark.parametrize("proposing, widths", [(1.0, (4, 6)), (0.5, (2, 3))])
@@ -542,8 +615,8 @@ def test_sampling_exactness(pair, monkeypatch, config, lengths):
     drafted: list[int] = []
     step = llm.engine.step
 
-    def counting_step(seqs):
-        outputs = step(seqs)
+    def counting_step(seqs, *rest):
+        outputs = step(seqs, *rest)
         drafted.extend(o.num_drafted for o in outputs)
         return outputs
 
@@ -559,7 +632,7 @@ class RaggedK(FixedK):
         super().__init__(max_k)
         self.steps = 0
 
-    def choose(self, seqs, limits, backlog=None):
+    def choose(self, seqs, limits, backlog=None, prompt_tokens=0, prompt_backlog=0):
         self.steps += 1
         return [min((self.steps + b) % (self.k + 1), limit) for b, limit in enumerate(limits)]
 
@@ -634,7 +707,7 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     prompt = [(5 * i) % 50 + 3 for i in range(11)]
     llm.submit({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     engine, drafter = llm.engine, llm.engine.drafter
-    engine.policy.choose = lambda seqs, limits, backlog=None: [0] * len(seqs)  # sit out
+    engine.policy.choose = lambda seqs, limits, *_: [0] * len(seqs)  # sit out
     outputs = llm.step()
     seq = llm.scheduler.running[0]
     first = len(prompt) if method == "draft_model" else len(prompt) - 1
@@ -642,7 +715,7 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     for _ in range(3):
         llm.step()
     assert drafter.backlog([seq]) == [first + 4]
-    engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    engine.policy.choose = lambda seqs, limits, *_: [min(2, limit) for limit in limits]
     left, costs = [], []
     catch_up, observe = drafter.catch_up, engine.policy.observe
     drafter.catch_up = lambda seqs, ks: (catch_up(seqs, ks), left.append(drafter.backlog(seqs)))

@@ -4,6 +4,7 @@ and every kind of drafter that keeps state from the prompt: draft model, n-gram,
 the settings are checked."""
 
 import pytest
+from helpers import spy
 from test_heads import make_heads
 from test_prefill_pacer import _Fixed
 
@@ -142,6 +143,26 @@ def test_drafts_count_against_a_token_budget_not_a_paced_one(model_dirs, paced):
     long = llm.submit({"prompt_token_ids": list(range(1, 91))}, params)
     llm.step()
     assert llm.engine.cache.lengths[long.seq.slot] == (60 - 3 if paced else 60 - 3 - 9)
+
+
+def test_auto_k_is_told_the_prompt_tokens_fed_beside_the_drafts_and_those_left(model_dirs):
+    """Auto k prices a step's drafts with the prompt tokens it feeds besides, and drafts nothing while more wait
+    (:mod:`specdec.k_choice`): the policy is asked with the step's chunks and the prompt tokens left after them,
+    and with none on a step that feeds no prompt; the step with a backlog drafted nothing."""
+    path = str(model_dirs["llama"]["target"])
+    llm = LLM(path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": "auto"},
+              dtype="float64", max_num_seqs=4, max_num_batched_tokens=40)
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    for i in range(3):
+        llm.submit({"prompt_token_ids": [3 + i, 4, 5]}, params)
+    llm.step()
+    calls = spy(llm.engine.policy, "choose")
+    llm.step()
+    long = llm.submit({"prompt_token_ids": list(range(1, 91))}, params)
+    llm.step()
+    fed = llm.engine.cache.lengths[long.seq.slot]
+    assert [call[3:] for call in calls] == [(0, 0), (fed, 89 - fed)]
+    assert calls[1][3] >= MIN_PREFILL_CHUNK and llm.scheduler._last_drafted == 0
 
 
 def test_abort_while_prefilling_frees_the_slot(model_dirs):

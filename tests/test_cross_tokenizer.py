@@ -176,14 +176,14 @@ def test_a_row_that_sits_out_costs_the_draft_nothing_and_catches_up_when_it_draf
     tok = PreTrainedTokenizerFast.from_pretrained(pair["target"])
     prompt = tok.encode(PROMPTS[0])
     llm.submit({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    engine.policy.choose = lambda seqs, limits, backlog=None: [0] * len(seqs)  # sit out
+    engine.policy.choose = lambda seqs, limits, *_: [0] * len(seqs)  # sit out
     outputs = [o.token_ids for _ in range(4) for o in llm.step()]
     seq = llm.scheduler.running[0]
     assert not encodes and not forwards and drafter.cache.lengths[seq.slot] == 0
     text = tok.decode(seq.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     committed = len(drafter.draft_tokenizer.encode(text))
     assert drafter.backlog([seq]) == [committed] and committed > len(prompt)
-    engine.policy.choose = lambda seqs, limits, backlog=None: [min(2, limit) for limit in limits]
+    engine.policy.choose = lambda seqs, limits, *_: [min(2, limit) for limit in limits]
     left, catch_up = [], drafter.catch_up
     drafter.catch_up = lambda seqs, ks: (catch_up(seqs, ks), left.append(drafter.backlog(seqs)))
     outputs += [o.token_ids for o in llm.step()]

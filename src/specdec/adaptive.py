@@ -14,7 +14,15 @@ until widths differ enough to fit a slope, ``d_0 = 0`` and ``d`` is the mean tim
 The policy picks the ``k_b`` maximising predicted tokens per second ``(B + sum (E_b(k_b) − 1)) / T``,
 plain decoding (every ``k_b = 0``) included: speculation is off for a step whose predicted speedup
 is below 1 (:mod:`specdec.k_choice`). At ``B = 1`` with a flat ``t`` and ``d_0 = 0`` this is the argmax
-of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``.
+of ``S(k) = E(k) / (k c + 1)`` with ``c = d / t(1)``. A step that also feeds ``P`` prompt tokens (chunked
+prefill) is priced as ``(B + P + sum (E_b(k_b) − 1)) / (t(B + P + sum k_b) + D(w))``: the prompt tokens are work
+the step does whatever it drafts, which drafts must not slow for less than they add (the queue's weight,
+:mod:`specdec.k_choice`). Such a step, when its forward feeds the chunks too (``StepCost.prompt_fused``: the
+fast backend on a CPU), adds that forward's seconds over all its tokens to ``t``'s line, and its drafting to
+``D``'s, but nothing to the shapes or the calibration below. A server at saturation feeds prompts on most steps:
+without them the line kept the few steps that fed none, at 64 streams of the ``1b`` shape on a 2-core CPU mostly
+the warm-up's one- and two-row steps, whose slope of about 0 priced every draft as free (and the prompt tokens'
+weight at nothing).
 
 A drafter asked for a draft need not propose one: an n-gram lookup finds no match on about 40% of
 the embedded pair's steps at one row (code and Spec-Bench). A row that proposes nothing emits its one
@@ -175,9 +183,11 @@ class FixedK:
         self.k = k
 
     def choose(self, seqs: list[Sequence], limits: list[int],
-               backlog: Callable[[list[Sequence]], list[int]] | None = None) -> list[int]:
+               backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
+               prompt_backlog: int = 0) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
-        each row's drafter would catch up on, does not change a fixed k)."""
+        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, left to feed,
+        do not change a fixed k)."""
         return [min(self.k, limit) for limit in limits]
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
@@ -292,15 +302,22 @@ class AdaptiveK:
         return tokens_fed(ks, max(ks), self.padded)
 
     def choose(self, seqs: list[Sequence], limits: list[int],
-               backlog: Callable[[list[Sequence]], list[int]] | None = None) -> list[int]:
+               backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
+               prompt_backlog: int = 0) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step. ``backlog(seqs)[b]``
         is the positions row ``b``'s drafter would catch up on before drafting (None: nothing), which bounds a
-        probe's rows; it is asked only on a probe while speculation is off, not every step."""
+        probe's rows; it is asked only on a probe while speculation is off, not every step. ``prompt_tokens``:
+        the prompt tokens the step feeds besides (chunked prefill), priced with the drafts
+        (:func:`~specdec.k_choice.choose_ks`); ``prompt_backlog``: prompt tokens left to feed after this step,
+        while there are any, no row drafts (the queue's weight, :mod:`specdec.k_choice`)."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             self.asked = [0] * len(limits)
             return self.asked
+        if prompt_backlog:  # prompts wait past this step: drafts would slow them (nothing to probe either)
+            self.held = 0
+            return self._count(seqs, limits, [0] * len(limits))
         if self.held and len(seqs) == self.held_rows and self.steps < min(self.next_probe, self.next_narrow):
             self.held -= 1
             return self._count(seqs, limits, limits)
@@ -319,7 +336,8 @@ class AdaptiveK:
         reach = limits
         if self.max_step_ratio is not None:  # one position past the widest step timed at this row count
             reach = [min(limit, self.widest.get(len(seqs), 0) + 1) for limit in limits]
-        ks, self.last_speedup = choose_ks(rates, reach, cost, self.padded, proposing, self.max_step_ratio)
+        ks, self.last_speedup = choose_ks(rates, reach, cost, self.padded, proposing, self.max_step_ratio,
+                                          prompt_tokens)
         far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
         below = not any(ks) and (predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
                                  or self._over_bound(probe, model))
@@ -387,20 +405,21 @@ class AdaptiveK:
                 self._acceptance(s).update(n, a)
                 self.pool.update(n, a)
         last_width, self.last_width = self.last_width, step.width
-        if step.prompt_tokens or step.setup:  # prompt chunks fed, or a one-time set-up: not its shape's time
+        if step.setup:  # a one-time set-up: not what the step costs
+            return
+        cost = self._model(len(seqs))
+        if step.prompt_tokens:  # prompt chunks fed: not its shape's time, but its forward's over all its tokens
+            if step.prompt_fused:
+                self._add_target(cost, step.num_tokens + step.prompt_tokens, step.target_seconds)
+            self._add_drafting(step, last_width, cost)
             return
         shape = (len(seqs), step.num_tokens, step.width)
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
             self.seen.add(shape)
             return
         self.widest[len(seqs)] = max(self.widest.get(len(seqs), 0), step.width)
-        cost = self._model(len(seqs))
-        self.measured += 1
         if not step.width:
             self.last_plain[len(seqs)] = self.steps
-        if cost is None or self.measured % COST_REFRESH == 0:
-            self._costs.clear()
-        target = step.target_seconds
         if cost is not None:
             predicted = cost.target_seconds(step.num_tokens)
             # The calibration: everything the step cost but the drafter's catch-up (a cost of switching).
@@ -410,13 +429,27 @@ class AdaptiveK:
             plain, drafting = kinds
             (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds - step.catch_up_seconds,
                                                     cost.with_drafting(predicted, step.width))
-            target = min(target, OUTLIER * predicted)  # a hiccup of the machine counts as at most OUTLIER times
-        self.target.add(step.num_tokens, target)
+        target = self._add_target(cost, step.num_tokens, step.target_seconds)
         shapes = self.shapes.setdefault(len(seqs), {})
         weight, seconds, _ = shapes.get(step.num_tokens, (0.0, 0.0, 0))
         shapes[step.num_tokens] = (weight * self.shape_decay + 1.0, seconds * self.shape_decay + target, self.steps)
-        # After a step without drafts the drafter first catches up on the tokens it missed: not the
-        # cost of a drafting step in the steady state.
+        self._add_drafting(step, last_width, cost)
+
+    def _add_target(self, cost: CostModel | None, num_tokens: int, seconds: float) -> float:
+        """Add a timed forward over ``num_tokens`` tokens to the target's line (a hiccup of the machine counts as
+        at most ``OUTLIER`` times the prediction), refitting every ``COST_REFRESH`` of them; returns the seconds
+        added."""
+        self.measured += 1
+        if cost is None or self.measured % COST_REFRESH == 0:
+            self._costs.clear()
+        if cost is not None:
+            seconds = min(seconds, OUTLIER * cost.target_seconds(num_tokens))
+        self.target.add(num_tokens, seconds)
+        return seconds
+
+    def _add_drafting(self, step: StepCost, last_width: int, cost: CostModel | None) -> None:
+        """Add a drafting step's drafting seconds to the drafting line. After a step without drafts the drafter
+        first catches up on the tokens it missed: not the cost of a drafting step in the steady state."""
         if step.width and last_width:
             draft = (cost.draft_fixed, cost.draft) if cost is not None else self.draft_cost()
             seconds = step.draft_seconds - step.catch_up_seconds  # a prompt caught up on (a row just started)

@@ -244,11 +244,13 @@ class Engine:
             self.drafter.release(seq)
 
     # ------------------------------------------------------------------ the step
-    def step(self, seqs: list[Sequence]) -> list[StepOutput]:
-        """One batched step over ``seqs`` (running, unfinished); returns one output per sequence."""
-        return self.step_feeding(seqs, [], [])[0]
+    def step(self, seqs: list[Sequence], prompt_backlog: int = 0) -> list[StepOutput]:
+        """One batched step over ``seqs`` (running, unfinished); returns one output per sequence.
+        ``prompt_backlog``: prompt tokens of admitted sequences still to feed after this step (auto k drafts
+        nothing while there are: :mod:`specdec.k_choice`)."""
+        return self.step_feeding(seqs, [], [], prompt_backlog)[0]
 
-    def step_feeding(self, seqs: list[Sequence], prompts: list[Sequence], chunks: list[int]
+    def step_feeding(self, seqs: list[Sequence], prompts: list[Sequence], chunks: list[int], prompt_backlog: int = 0
                      ) -> tuple[list[StepOutput], list[Sequence]]:
         """:meth:`step` over ``seqs`` while the next ``chunks[i]`` context tokens of each of ``prompts`` (sequences
         being fed, as in :meth:`prefill`) are fed: in the step's own forward where the backend ``fuses_prefill``
@@ -256,7 +258,8 @@ class Engine:
         :mod:`specdec.models.segments`), else in forwards of their own before it. Returns the step's outputs
         and the sequences whose context is now cached but the pending token (their drafter started): they join
         the next step. A fused forward's time is split between the step (its target time) and the prompts (their
-        prefill time) by tokens fed; the policy learns acceptance from such a step but not its cost."""
+        prefill time) by tokens fed in the metrics; the policy learns acceptance from such a step, and its
+        forward's cost over all its tokens (not the cost of its shape)."""
         clock, device = self._clock, self.target.device
         clock.start()
         setups = one_time_setups()
@@ -269,9 +272,10 @@ class Engine:
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
         #    A probe while speculation is off drafts the rows whose drafters have the least to catch up.
+        #    The prompt tokens fed besides are priced with the drafts; while more wait, auto k drafts nothing.
         #    The drafter first catches up on what it has not absorbed (timed apart: a switching cost).
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs],
-                                self.drafter.backlog if self.drafter is not None else None)
+                                self.drafter.backlog if self.drafter is not None else None, sum(chunks), prompt_backlog)
         draft = None
         if self.drafter is not None and any(ks):
             self.drafter.catch_up(seqs, ks)
@@ -398,7 +402,7 @@ class Engine:
         fed = tokens_fed(num_drafted, width, self.target.pads_rows)
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
             fed, width, times["target"] + times.get("prefill", 0.0) + times["other"], times["drafting"],
-            sum(n for _, _, n in feed), one_time_setups() != setups, catch_up))
+            sum(n for _, _, n in feed), one_time_setups() != setups, catch_up, fused))
         started = self._fed(active)
         self._start_drafter(started)
         return outputs, started

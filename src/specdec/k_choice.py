@@ -10,7 +10,20 @@ when asked; ``padded``, whether the target's forward pads every row to the wides
 (``rows x (w + 1)`` tokens whatever each row drafts); ``max_step_ratio``, the most a drafting step may
 be predicted to cost, in plain steps of the same rows (every row proposing its whole draft): a bound on
 the worst inter-token gap speculation adds (``speculative_config["max_step_time_ratio"]``), where a
-step that rejects every draft gives one token for the step's whole time.
+step that rejects every draft gives one token for the step's whole time; ``prompt_tokens``, the prompt
+tokens the step feeds besides its rows (chunked prefill).
+
+The queue's weight. A step that feeds ``P`` prompt tokens does that work whatever its rows draft, and
+drafts that lengthen the step delay it. So a choice is priced as the step's work per second, its
+expected emitted tokens and its prompt tokens alike: ``(tokens + P) / T(fed + P)`` against plain
+decoding's ``(rows + P) / T(rows + P)``; the bound stays relative to plain decoding of the rows alone (the
+prompts' share is the prefill pacer's). Where more prompt tokens wait than the step feeds (the policy's
+``prompt_backlog``), auto k drafts nothing (:meth:`specdec.adaptive.AdaptiveK.choose`): the prompts' tokens per
+step are then fixed (the prefill pacer's share of plain decoding's step, or a token budget that the drafts take
+from), so the server's throughput is its rate of feeding prompts, ``P / T``, and every draft lengthens ``T``. At
+64 streams of the ``1b`` shape on a 2-core CPU, drafting on such steps gave the running rows 1.1-1.9x their
+tokens per second and cost the server 6-21% of plain decoding's throughput, its median time to first token rising
+up to 3x (``docs/lab-notes/2026-11-30-queue-weight.md``).
 """
 
 from __future__ import annotations
@@ -19,9 +32,11 @@ from specdec.step_cost import CostModel
 
 
 def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padded: bool = False,
-              proposing: list[float] | None = None, max_step_ratio: float | None = None) -> tuple[list[int], float]:
-    """The ``k_b`` per row maximising predicted tokens per second, and the predicted speedup over a
-    plain step of the same rows.
+              proposing: list[float] | None = None, max_step_ratio: float | None = None,
+              prompt_tokens: int = 0) -> tuple[list[int], float]:
+    """The ``k_b`` per row maximising predicted tokens per second (emitted and ``prompt_tokens`` fed
+    besides, see the module docstring), and the predicted speedup over a plain step of the same rows and
+    prompt tokens.
 
     ``rates[b]`` is row ``b``'s conditional acceptance per position (at least ``limits[b]`` long);
     ``proposing[b]`` (1 where not given) the probability that row ``b``'s drafter proposes a draft at
@@ -34,14 +49,15 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     its neighbours). ``padded``: the target's forward costs ``rows x (w + 1)`` tokens whatever each row
     drafts (its grid pads rows to the longest, a row without a draft included), so at width ``w``
     every row drafts up to ``w``. ``max_step_ratio``: only choices whose step, every row proposing,
-    is predicted at most this many plain steps are considered (None: any).
+    is predicted at most this many plain steps are considered (None: any; the prompt tokens are not in
+    either step of that ratio).
     """
     rows = len(limits)
     proposing = proposing or [1.0] * rows
     if rows == 1:  # one row: its width is its count, so the widths are the only choices
-        return _choose_k(rates[0], limits[0], cost, proposing[0], max_step_ratio)
+        return _choose_k(rates[0], limits[0], cost, proposing[0], max_step_ratio, prompt_tokens)
     if padded:
-        return _choose_width(rates, limits, cost, proposing, max_step_ratio)
+        return _choose_width(rates, limits, cost, proposing, max_step_ratio, prompt_tokens)
     gains = []  # (minus the probability the token is kept if drafted, position, row)
     for b, limit in enumerate(limits):
         survive = 1.0
@@ -50,12 +66,13 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             gains.append((-survive, i + 1, b))
     gains.sort()
     widest = max(limits, default=0)
-    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]
-    plain = rows / target[0]
+    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]: the rows alone, for the bound
+    loaded = cost.target_curve(rows + prompt_tokens, rows * (widest + 1) + prompt_tokens) if prompt_tokens else target
+    plain = (rows + prompt_tokens) / loaded[0]
     most = _most_seconds(target[0], max_step_ratio)
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
-        tokens, fed, count, drafting = float(rows), 0.0, 0, cost.draft_fixed + cost.draft * w
+        tokens, fed, count, drafting = float(rows + prompt_tokens), 0.0, 0, cost.draft_fixed + cost.draft * w
         room = most / cost.drafting_scale - drafting  # the most the target's part may cost within the bound
         for gain, position, b in gains:
             if position > w:
@@ -66,7 +83,7 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             if target[count] > room:  # every row proposing: over the bound
                 continue
             low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
-            seconds = target[low] + (fed - low) * (target[min(low + 1, len(target) - 1)] - target[low])
+            seconds = loaded[low] + (fed - low) * (loaded[min(low + 1, len(loaded) - 1)] - loaded[low])
             rate = tokens / ((seconds + drafting) * cost.drafting_scale)
             if rate > best:
                 best, best_w, best_m = rate, w, count
@@ -84,8 +101,9 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
 def predicted_speedup(rates: list[list[float]], ks: list[int], cost: CostModel, padded: bool = False,
                       proposing: list[float] | None = None) -> float:
     """The predicted tokens per second of a step drafting ``ks[b]`` tokens on row ``b`` over a plain step
-    of the same rows (1 where nothing is drafted); ``rates``, ``cost``, ``padded`` and ``proposing`` as in
-    :func:`choose_ks`, whose choice this prices (a fractional number of tokens fed is interpolated)."""
+    of the same rows (1 where nothing is drafted), no prompt tokens fed besides; ``rates``, ``cost``,
+    ``padded`` and ``proposing`` as in :func:`choose_ks`, whose choice this prices (a fractional number of
+    tokens fed is interpolated)."""
     rows, width = len(ks), max(ks, default=0)
     if not width:
         return 1.0
@@ -111,7 +129,7 @@ def _most_seconds(plain: float, max_step_ratio: float | None) -> float:
 
 
 def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, proposing: list[float],
-                  max_step_ratio: float | None) -> tuple[list[int], float]:
+                  max_step_ratio: float | None, prompt_tokens: int) -> tuple[list[int], float]:
     """:func:`choose_ks` on a padded grid of several rows: a step of width ``w`` costs the same whichever
     rows draft, so every row drafts up to ``w`` (each position adds tokens for nothing more) and only
     the width is chosen, in ``O(rows x width)``: width ``w`` adds ``sum_b p_b S_bw`` tokens."""
@@ -123,30 +141,33 @@ def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, 
             survive *= row[i]
             added[i + 1] += p * survive
     target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
-    plain, most = rows / target[0], _most_seconds(target[0], max_step_ratio)
-    best, best_w, tokens = plain, 0, float(rows)
+    loaded = [cost.target_seconds(rows * (w + 1) + prompt_tokens) for w in range(widest + 1)]  # ... and prompts'
+    most = _most_seconds(target[0], max_step_ratio)
+    best, best_w, tokens = (rows + prompt_tokens) / loaded[0], 0, float(rows + prompt_tokens)
+    plain = best
     for w in range(1, widest + 1):
         tokens += added[w]
-        seconds = cost.with_drafting(target[w], w)
-        if seconds <= most and tokens / seconds > best:
+        seconds = cost.with_drafting(loaded[w], w)
+        if cost.with_drafting(target[w], w) <= most and tokens / seconds > best:
             best, best_w = tokens / seconds, w
     return [min(best_w, limit) for limit in limits], best / plain
 
 
 def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float,
-              max_step_ratio: float | None) -> tuple[list[int], float]:
+              max_step_ratio: float | None, prompt_tokens: int) -> tuple[list[int], float]:
     """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft). With probability
     ``1 - proposing`` the step is plain whatever k is (nothing proposed)."""
-    target = cost.target_curve(1, limit + 1)  # [tokens - 1]
-    plain, most = 1.0 / target[0], _most_seconds(target[0], max_step_ratio)
-    best, best_k, survive, tokens = plain, 0, 1.0, 1.0
+    target = cost.target_curve(1, limit + 1)  # [tokens - 1]: the row alone, for the bound
+    loaded = cost.target_curve(1 + prompt_tokens, limit + 1 + prompt_tokens) if prompt_tokens else target
+    plain, most = (1.0 + prompt_tokens) / loaded[0], _most_seconds(target[0], max_step_ratio)
+    best, best_k, survive, tokens = plain, 0, 1.0, 1.0 + prompt_tokens
     fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
-    unproposed = (1.0 - proposing) * target[0]  # the expected seconds of the steps that stay plain
+    unproposed = (1.0 - proposing) * loaded[0]  # the expected seconds of the steps that stay plain
     for k in range(1, limit + 1):
         survive *= rates[k - 1]
         tokens += survive * proposing
-        seconds = (target[k] + fixed + per_position * k) * scale  # the step when it proposes
+        seconds = (loaded[k] + fixed + per_position * k) * scale  # the step when it proposes
         rate = tokens / (proposing * seconds + unproposed)
-        if seconds <= most and rate > best:
+        if (target[k] + fixed + per_position * k) * scale <= most and rate > best:
             best, best_k = rate, k
     return [best_k], best / plain

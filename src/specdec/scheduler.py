@@ -22,7 +22,8 @@ own forward (:meth:`~specdec.engine.Engine.step_feeding`), and a sequence whose 
 its pending token) joins the next step; else they are fed in forwards of their own first, and it joins the
 decoding step of the same step. Without a budget every admitted prompt is fed whole at admission.
 Chunking changes only when the prompt's tokens are fed: the cache, the drafter's state and so
-every output are those of a prompt fed at once (tested).
+every output are those of a prompt fed at once (tested). The engine is told the step's prompt tokens and those
+left to feed after it, which auto k weighs (:mod:`specdec.k_choice`: no drafts while prompt tokens wait).
 """
 
 from __future__ import annotations
@@ -169,8 +170,10 @@ class Scheduler:
         self._preempt()
         prompts, chunks, tic, drafting = [], [], time.perf_counter(), self.engine.metrics.time_drafting
         streams = bool(self.running)  # streams waiting on this step: their latency is what the pacer keeps
+        backlog = 0  # prompt tokens left to feed after this step's chunks
         if self.prefilling:
             chunks = self._chunks()
+            backlog = self._backlog(chunks) if chunks is not None else 0
             if chunks is not None and self.running and self.engine.target.fuses_prefill:
                 prompts = self.prefilling  # fed in the decoding step's forward below
             else:
@@ -178,9 +181,9 @@ class Scheduler:
         if not self.running:
             return []
         if prompts:
-            outputs, started = self.engine.step_feeding(self.running, prompts, chunks)
+            outputs, started = self.engine.step_feeding(self.running, prompts, chunks, backlog)
         else:
-            outputs, started = self.engine.step(self.running), []
+            outputs, started = self.engine.step(self.running, backlog), []
         self._last_drafted = sum(out.num_drafted for out in outputs)
         if self.pacer is not None and streams:
             self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic,
@@ -211,13 +214,20 @@ class Scheduler:
         budget = max(self.max_num_batched_tokens - decoding, min(MIN_PREFILL_CHUNK, self.max_num_batched_tokens))
         if self.pacer is not None:
             budget = self.pacer.budget(budget, running=bool(self.running))
-        lengths = self.engine.cache.lengths
         chunks = []
         for seq in self.prefilling:
-            left = len(seq.token_ids) - 1 - (lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
-            chunks.append(min(left, budget))
+            chunks.append(min(self._left(seq), budget))
             budget -= chunks[-1]
         return chunks
+
+    def _left(self, seq: Sequence) -> int:
+        """Context tokens a sequence in ``prefilling`` has left to feed (all but its pending token)."""
+        return len(seq.token_ids) - 1 - (self.engine.cache.lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
+
+    def _backlog(self, chunks: list[int]) -> int:
+        """The prompt tokens of the sequences in ``prefilling`` left to feed after this step's ``chunks`` (sequences
+        waiting for a slot or blocks not counted: speculation frees those sooner)."""
+        return sum(self._left(seq) - chunk for seq, chunk in zip(self.prefilling, chunks))
 
     def _preempt(self) -> None:
         """Preempt sequences holding a slot, least advanced first, until one more step of every one of them

@@ -16,6 +16,7 @@ class StepCost:
     draft, i.e. sequential draft positions), ``target_seconds`` (target forward, verification and
     bookkeeping), ``draft_seconds`` (propose and observe), ``prompt_tokens``, the prompt chunks' tokens
     fed in the same step (:meth:`specdec.engine.Engine.step_feeding`; their time is in ``target_seconds``),
+    ``prompt_fused``: whether they were fed in the step's own forward (else in forwards of their own before it),
     ``setup``: whether the step paid a one-time set-up (a CUDA graph captured, a graph compiled:
     :func:`specdec.models.cuda_graphs.one_time_setups`), whose seconds its times then hold, and
     ``catch_up_seconds``, the part of ``draft_seconds`` the drafter spent catching up on context it had not
@@ -28,6 +29,7 @@ class StepCost:
     prompt_tokens: int = 0
     setup: bool = False
     catch_up_seconds: float = 0.0
+    prompt_fused: bool = False
 
 
 class LineFit:

@@ -1,0 +1,82 @@
+"""Two variants of the server's code compared side by side: ``bench-serve --in-process``'s methods run under
+each variant in every round (the order reversed every other round, as the host drifts), and each method's ratios
+to plain decoding are taken within a round under the same variant, then the variants' rows are compared round by
+round. A variant is a name and a function that installs it (patches a module for the runs that follow) before each
+of its runs; an A/A control is the same installer under two names. Used by ``scripts/pacer_fit_ab.py`` and
+``scripts/queue_weight_ab.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specdec.bench import serving
+
+RATIOS = ("tokens_per_second", "ttft_ms_p50", "itl_ms_p99")
+"""The figures compared between the variants, each as the first variant's over the second's."""
+
+
+def run_rounds(variants: dict[str, Callable[[], None]], methods: list[str], args, rounds: int
+               ) -> list[dict[str, Any]]:
+    """Every method under every variant, ``rounds`` times; returns bench-serve's rows, each with its
+    ``variant`` and ``round``."""
+    target, draft = serving.pair_folders(args)
+    workloads, rows = None, []
+    for r in range(1, rounds + 1):
+        order = list(variants.items()) if r % 2 else list(variants.items())[::-1]
+        for method in methods:
+            for name, install in order:
+                install()
+                workloads, got = serving.run_method(method, args, workloads, target, draft, r)
+                rows += [dict(g, variant=name) for g in got]
+    return rows
+
+
+def report(rows: list[dict[str, Any]], names: list[str], rounds: int) -> str:
+    """Each variant's comparison with plain decoding (bench-serve's table, medians over the rounds), then per
+    method, workload and concurrency the medians over the rounds of the first variant's figures over the
+    second's (:data:`RATIOS`)."""
+    lines = []
+    for name in names:
+        lines += [f"{name}:", serving.table(serving.compare([g for g in rows if g["variant"] == name]))]
+    first, second = names
+    for method, workload, c in sorted({(g["method"], g["workload"], g["concurrency"]) for g in rows}):
+        ratios: dict[str, list[float]] = {key: [] for key in RATIOS}
+        for r in range(1, rounds + 1):
+            new, old = (next(g for g in rows if (g["method"], g["workload"], g["concurrency"], g["round"],
+                                                 g["variant"]) == (method, workload, c, r, name))
+                        for name in (first, second))
+            for key, values in ratios.items():
+                values.append(new[key] / old[key])
+        lines.append(f"{method}, {workload}, {c} streams, {first} / {second}, medians: "
+                     + ", ".join(f"{key} {statistics.median(v):.2f}" for key, v in ratios.items()))
+    return "\n".join(lines)
+
+
+def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
+    """The flags of a script built on this module (``--methods``, ``--workloads``, ``--rounds``, ``--json``); the
+    script adds its own, and every other flag is bench-serve's (``--concurrency``, ``--shape``, ...)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--methods", default="plain,eagle,draft_model,suffix", help="plain is needed for the ratios")
+    parser.add_argument("--workloads", default="code", help="bench-serve workloads, comma-separated (default code)")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--json", default=None, help="also write every row here")
+    return parser
+
+
+def main(cli: argparse.Namespace, rest: list[str], variants: dict[str, Callable[[], None]]) -> None:
+    """Run ``variants`` with the script's flags ``cli`` (of :func:`arguments`) and bench-serve's ``rest``; write the
+    rows to ``--json`` if given and print :func:`report`."""
+    from specdec.cli import build_parser
+
+    args = build_parser().parse_args(["bench-serve", "--in-process", *rest])
+    args.workloads = cli.workloads.split(",")
+    rows = run_rounds(variants, cli.methods.split(","), args, cli.rounds)
+    if cli.json:
+        Path(cli.json).write_text(json.dumps(rows))
+    print(report(rows, list(variants), cli.rounds))
