@@ -53,9 +53,10 @@ def step_seconds(llms: dict[int, LLM], prompts: list[list[int]], max_tokens: int
     for llm in llms.values():
         engine, step = llm.engine, llm.engine.step
 
-        def timed(seqs: list[Sequence], step=step, drafting=engine.drafter is not None) -> list:
+        def timed(seqs: list[Sequence], prompt_backlog: int = 0, step=step,
+                  drafting=engine.drafter is not None) -> list:
             start = time.perf_counter()
-            outputs = step(seqs)
+            outputs = step(seqs, prompt_backlog)
             fed = 1 + sum(o.num_drafted for o in outputs)
             times.setdefault((drafting, fed), []).append(time.perf_counter() - start)
             return outputs

@@ -78,9 +78,9 @@ def wrap() -> None:
             CURRENT[key] = CURRENT.get(key, 0.0) + value
         return record(self, seqs, outputs, times)
 
-    def counted_feeding(self, seqs, prompts, chunks):
+    def counted_feeding(self, seqs, prompts, chunks, prompt_backlog=0):
         CURRENT["fed"] = sum(chunks or ()) if prompts else 0
-        return feeding(self, seqs, prompts, chunks)
+        return feeding(self, seqs, prompts, chunks, prompt_backlog)
 
     gc.callbacks.append(collector)
     scheduler_module.Scheduler.step = timed_step

@@ -615,8 +615,8 @@ def test_sampling_exactness(pair, monkeypatch, config, lengths):
     drafted: list[int] = []
     step = llm.engine.step
 
-    def counting_step(seqs, *rest):
-        outputs = step(seqs, *rest)
+    def counting_step(seqs, **kwargs):
+        outputs = step(seqs, **kwargs)
         drafted.extend(o.num_drafted for o in outputs)
         return outputs
 

@@ -352,11 +352,11 @@ def test_a_failing_engine_step_is_a_logged_500_without_a_traceback(text_model_di
     step = llm.engine.step
     calls = []
 
-    def failing(seqs, *rest):
+    def failing(seqs, **kwargs):
         if not calls:
             calls.append(1)
             raise RuntimeError("injected failure in the engine step")
-        return step(seqs, *rest)
+        return step(seqs, **kwargs)
 
     llm.engine.step = failing
     try:

@@ -141,10 +141,10 @@ def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, 
             survive *= row[i]
             added[i + 1] += p * survive
     target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
-    loaded = [cost.target_seconds(rows * (w + 1) + prompt_tokens) for w in range(widest + 1)]  # ... and prompts'
-    most = _most_seconds(target[0], max_step_ratio)
-    best, best_w, tokens = (rows + prompt_tokens) / loaded[0], 0, float(rows + prompt_tokens)
-    plain = best
+    loaded = ([cost.target_seconds(rows * (w + 1) + prompt_tokens) for w in range(widest + 1)]  # ... and prompts'
+              if prompt_tokens else target)
+    plain, most = (rows + prompt_tokens) / loaded[0], _most_seconds(target[0], max_step_ratio)
+    best, best_w, tokens = plain, 0, float(rows + prompt_tokens)
     for w in range(1, widest + 1):
         tokens += added[w]
         seconds = cost.with_drafting(loaded[w], w)

@@ -181,9 +181,9 @@ class Scheduler:
         if not self.running:
             return []
         if prompts:
-            outputs, started = self.engine.step_feeding(self.running, prompts, chunks, backlog)
+            outputs, started = self.engine.step_feeding(self.running, prompts, chunks, prompt_backlog=backlog)
         else:
-            outputs, started = self.engine.step(self.running, backlog), []
+            outputs, started = self.engine.step(self.running, prompt_backlog=backlog), []
         self._last_drafted = sum(out.num_drafted for out in outputs)
         if self.pacer is not None and streams:
             self.pacer.observe(sum(chunks or ()), len(self.running) + self._last_drafted, time.perf_counter() - tic,
