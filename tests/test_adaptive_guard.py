@@ -66,12 +66,15 @@ class World:
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
 
-    def run(self, seqs: list[FakeSeq], steps: int, backlog: list[int] | None = None) -> list[tuple[bool, list[int]]]:
-        """``(probe step?, ks chosen)`` per step (``backlog``: the rows' drafters' catch-up, every step)."""
+    def run(self, seqs: list[FakeSeq], steps: int, backlog: list[int] | None = None,
+            prompts: list[int] | None = None) -> list[tuple[bool, list[int]]]:
+        """``(probe step?, ks chosen)`` per step (``backlog``: the rows' drafters' catch-up, every step;
+        ``prompts[i]``: the prompt tokens step ``i`` feeds besides, none where not given)."""
         chosen = []
-        for _ in range(steps):
+        for i in range(steps):
             before = self.policy.next_probe
-            ks = self.policy.choose(seqs, [MAX_K] * len(seqs), None if backlog is None else lambda rows: backlog)
+            ks = self.policy.choose(seqs, [MAX_K] * len(seqs), None if backlog is None else lambda rows: backlog,
+                                    prompts[i] if prompts else 0)
             accepted = []
             for k in ks:
                 a = 0
@@ -119,6 +122,21 @@ def test_a_probe_while_off_drafts_the_rows_whose_drafters_are_least_behind(pinne
         probes = [ks for probe, ks in late if probe]
         assert probes and all({b for b, k in enumerate(ks) if k} == drafting for ks in probes)
         assert all(ks == [0] * 16 for probe, ks in late if not probe)
+
+
+def test_a_probe_while_off_waits_for_a_step_that_feeds_no_prompt(pinned, monkeypatch):
+    """Off, a probe that is due on a step feeding prompt tokens waits for the next step that feeds none (every
+    fifth here): every probe drafts on such a step, each at most four steps late. Probing when due, most would
+    come on a step feeding prompts."""
+    feeds = [0 if i % 5 == 4 else 32 for i in range(400)]
+    late = list(zip(World(slow_drafting, alpha=0.9).run(batch(16), 400, prompts=feeds), feeds))[100:]
+    probes = [i for i, ((_, ks), _) in enumerate(late) if any(ks)]
+    assert len(probes) >= 300 // (PROBE_EVERY + 4) and all(late[i][1] == 0 for i in probes)
+    assert all(b - a <= PROBE_EVERY + 4 for a, b in zip(probes, probes[1:]))
+    assert all(ks == [0] * 16 for (_, ks), fed in late if fed)
+    monkeypatch.setattr(AdaptiveK, "_may_probe", lambda self, ks, prompt_tokens: True)
+    late = list(zip(World(slow_drafting, alpha=0.9).run(batch(16), 400, prompts=feeds), feeds))[100:]
+    assert sum(1 for (_, ks), fed in late if any(ks) and fed) > sum(1 for (_, ks), fed in late if any(ks) and not fed)
 
 
 def test_least_behind_keeps_the_first_row_and_then_what_fits():

@@ -145,10 +145,11 @@ def test_drafts_count_against_a_token_budget_not_a_paced_one(model_dirs, paced):
     assert llm.engine.cache.lengths[long.seq.slot] == (60 - 3 if paced else 60 - 3 - 9)
 
 
-def test_auto_k_is_told_the_prompt_tokens_fed_beside_the_drafts_and_those_left(model_dirs):
-    """Auto k prices a step's drafts with the prompt tokens it feeds besides, and drafts nothing while more wait
-    (:mod:`specdec.k_choice`): the policy is asked with the step's chunks and the prompt tokens left after them,
-    and with none on a step that feeds no prompt; the step with a backlog drafted nothing."""
+def test_auto_k_is_told_the_prompt_tokens_fed_beside_the_drafts_and_the_queue(model_dirs):
+    """Auto k prices a step's drafts with the prompt tokens it feeds besides, and drafts nothing while a queue waits
+    (:mod:`specdec.k_choice`): the policy is asked with the step's chunks and the prompt tokens that wait past the
+    next step (what this step leaves, less as many as it feeds), and with none on a step that feeds no prompt; the
+    step with a queue drafted nothing. The step whose prompt the next step finishes is told no queue."""
     path = str(model_dirs["llama"]["target"])
     llm = LLM(path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": "auto"},
               dtype="float64", max_num_seqs=4, max_num_batched_tokens=40)
@@ -161,8 +162,13 @@ def test_auto_k_is_told_the_prompt_tokens_fed_beside_the_drafts_and_those_left(m
     long = llm.submit({"prompt_token_ids": list(range(1, 91))}, params)
     llm.step()
     fed = llm.engine.cache.lengths[long.seq.slot]
-    assert [call[3:] for call in calls] == [(0, 0), (fed, 89 - fed)]
+    assert 89 - 2 * fed > 0 and [call[3:] for call in calls] == [(0, 0), (fed, 89 - 2 * fed)]
     assert calls[1][3] >= MIN_PREFILL_CHUNK and llm.scheduler._last_drafted == 0
+    while 89 - llm.engine.cache.lengths[long.seq.slot] > 2 * fed:  # until the step after next would finish it
+        llm.step()
+    llm.step()
+    left = 89 - llm.engine.cache.lengths[long.seq.slot]
+    assert 0 < left <= calls[-1][3] and calls[-1][4] == 0  # tokens left after the step, which the next one feeds
 
 
 def test_abort_while_prefilling_frees_the_slot(model_dirs):

@@ -130,6 +130,12 @@ every row fed all of them at once: at 64 streams at the ``1b`` shape under a bou
 were the longest steps of the run (3.0 s against a median of 0.8 s, the drafting alone 0.8-1.4 s;
 ``docs/lab-notes/2026-11-29-probes.md``). The rows left out catch up when speculation pays again.
 
+Such a probe also waits for a step that feeds no prompt tokens (chunked prefill: the prefill pacer leaves one
+every few steps, and a server with no prompt to feed feeds none). On a step feeding a prompt chunk, the probe's
+drafting and catch-up came on top of the chunk's share of the step: at 16 streams at the ``1b`` shape such probes
+took 2.0-2.4x the median plain step, their drafting 0.05-0.06 s of it, and they were the run's longest steps
+(``docs/lab-notes/2026-11-30-queue-and-probes.md``).
+
 Any rule that fixes ``k`` before a step is drafted keeps verification lossless; with ``"auto"``
 the rule depends on timings, so a seeded sampled request is distributed exactly as the target but
 need not repeat the same tokens run to run.
@@ -186,8 +192,8 @@ class FixedK:
                backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
                prompt_backlog: int = 0) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
-        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, left to feed,
-        do not change a fixed k)."""
+        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, waiting past
+        the next step, do not change a fixed k)."""
         return [min(self.k, limit) for limit in limits]
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
@@ -308,14 +314,15 @@ class AdaptiveK:
         is the positions row ``b``'s drafter would catch up on before drafting (None: nothing), which bounds a
         probe's rows; it is asked only on a probe while speculation is off, not every step. ``prompt_tokens``:
         the prompt tokens the step feeds besides (chunked prefill), priced with the drafts
-        (:func:`~specdec.k_choice.choose_ks`); ``prompt_backlog``: prompt tokens left to feed after this step,
-        while there are any, no row drafts (the queue's weight, :mod:`specdec.k_choice`)."""
+        (:func:`~specdec.k_choice.choose_ks`), and a probe while speculation is off waits for a step that feeds
+        none; ``prompt_backlog``: prompt tokens that wait past the next step (a queue), while there are any, no
+        row drafts (the queue's weight, :mod:`specdec.k_choice`)."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             self.asked = [0] * len(limits)
             return self.asked
-        if prompt_backlog:  # prompts wait past this step: drafts would slow them (nothing to probe either)
+        if prompt_backlog:  # a queue of prompts: drafts would slow its feeding (nothing to probe either)
             self.held = 0
             return self._count(seqs, limits, [0] * len(limits))
         if self.held and len(seqs) == self.held_rows and self.steps < min(self.next_probe, self.next_narrow):
@@ -351,7 +358,7 @@ class AdaptiveK:
         if not (far or below):  # near the switch (or uncalibrated): probe every probe_every steps again
             self.probe_period = self.probe_every
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
-        if self.steps >= self.next_probe:  # invert the decision once
+        if self.steps >= self.next_probe and self._may_probe(ks, prompt_tokens):  # invert the decision once
             if not any(ks):
                 ks = probe if backlog is None else least_behind(probe, backlog(seqs))
                 if below:
@@ -367,6 +374,11 @@ class AdaptiveK:
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
         return self._count(seqs, limits, ks)
+
+    def _may_probe(self, ks: list[int], prompt_tokens: int) -> bool:
+        """Whether a step deciding ``ks`` and feeding ``prompt_tokens`` may be a probe that is due: a probe of
+        drafting (speculation off) waits for a step that feeds no prompt (see the module docstring)."""
+        return any(ks) or not prompt_tokens
 
     def _over_bound(self, ks: list[int], model: CostModel) -> bool:
         """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated) over the bound on a drafting

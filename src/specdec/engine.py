@@ -246,8 +246,8 @@ class Engine:
     # ------------------------------------------------------------------ the step
     def step(self, seqs: list[Sequence], prompt_backlog: int = 0) -> list[StepOutput]:
         """One batched step over ``seqs`` (running, unfinished); returns one output per sequence.
-        ``prompt_backlog``: prompt tokens of admitted sequences still to feed after this step (auto k drafts
-        nothing while there are: :mod:`specdec.k_choice`)."""
+        ``prompt_backlog``: prompt tokens of admitted sequences that wait past the next step, a queue (auto k
+        drafts nothing while there is one: :mod:`specdec.k_choice`)."""
         return self.step_feeding(seqs, [], [], prompt_backlog)[0]
 
     def step_feeding(self, seqs: list[Sequence], prompts: list[Sequence], chunks: list[int], prompt_backlog: int = 0

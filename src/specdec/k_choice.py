@@ -17,13 +17,16 @@ The queue's weight. A step that feeds ``P`` prompt tokens does that work whateve
 drafts that lengthen the step delay it. So a choice is priced as the step's work per second, its
 expected emitted tokens and its prompt tokens alike: ``(tokens + P) / T(fed + P)`` against plain
 decoding's ``(rows + P) / T(rows + P)``; the bound stays relative to plain decoding of the rows alone (the
-prompts' share is the prefill pacer's). Where more prompt tokens wait than the step feeds (the policy's
-``prompt_backlog``), auto k drafts nothing (:meth:`specdec.adaptive.AdaptiveK.choose`): the prompts' tokens per
-step are then fixed (the prefill pacer's share of plain decoding's step, or a token budget that the drafts take
-from), so the server's throughput is its rate of feeding prompts, ``P / T``, and every draft lengthens ``T``. At
-64 streams of the ``1b`` shape on a 2-core CPU, drafting on such steps gave the running rows 1.1-1.9x their
-tokens per second and cost the server 6-21% of plain decoding's throughput, its median time to first token rising
-up to 3x (``docs/lab-notes/2026-11-30-queue-weight.md``).
+prompts' share is the prefill pacer's). Where prompt tokens wait past the next step (a queue: the policy's
+``prompt_backlog``, what is left after this step's chunks and as many again), auto k drafts nothing
+(:meth:`specdec.adaptive.AdaptiveK.choose`): the prompts' tokens per step are then fixed (the prefill pacer's
+share of plain decoding's step, or a token budget that the drafts take from), so the server's throughput is its
+rate of feeding prompts, ``P / T``, and every draft lengthens ``T``. At 64 streams of the ``1b`` shape on a 2-core
+CPU, drafting on such steps gave the running rows 1.1-1.9x their tokens per second and cost the server 6-21% of
+plain decoding's throughput, its median time to first token rising up to 3x
+(``docs/lab-notes/2026-11-30-queue-weight.md``). A prompt that the next step finishes is not a queue
+(until 2026-11-30 it turned the step's drafts off too): drafting beside it gave eagle 1.09x the throughput at 4
+streams at ``1b``, and suffix 1.02-1.07x at 4 to 64 streams (``docs/lab-notes/2026-11-30-queue-and-probes.md``).
 """
 
 from __future__ import annotations

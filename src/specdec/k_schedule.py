@@ -73,8 +73,8 @@ class ScheduledK:
                backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
                prompt_backlog: int = 0) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
-        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, left to feed,
-        do not change a schedule)."""
+        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, waiting past
+        the next step, do not change a schedule)."""
         k = self.k_for(len(seqs))
         ks = [min(k, limit) for limit in limits]
         for s, limit, chosen in zip(seqs, limits, ks):

@@ -170,7 +170,7 @@ class Scheduler:
         self._preempt()
         prompts, chunks, tic, drafting = [], [], time.perf_counter(), self.engine.metrics.time_drafting
         streams = bool(self.running)  # streams waiting on this step: their latency is what the pacer keeps
-        backlog = 0  # prompt tokens left to feed after this step's chunks
+        backlog = 0  # prompt tokens that wait past the next step (a queue; auto k drafts nothing while there is one)
         if self.prefilling:
             chunks = self._chunks()
             backlog = self._backlog(chunks) if chunks is not None else 0
@@ -225,9 +225,12 @@ class Scheduler:
         return len(seq.token_ids) - 1 - (self.engine.cache.lengths[seq.slot] if self.engine.is_prefilling(seq) else 0)
 
     def _backlog(self, chunks: list[int]) -> int:
-        """The prompt tokens of the sequences in ``prefilling`` left to feed after this step's ``chunks`` (sequences
-        waiting for a slot or blocks not counted: speculation frees those sooner)."""
-        return sum(self._left(seq) - chunk for seq, chunk in zip(self.prefilling, chunks))
+        """The prompt tokens of the sequences in ``prefilling`` that still wait after the next step, if it feeds as
+        many as this step's ``chunks`` (about what it feeds: tokens are left only where this step spent its budget):
+        a queue, not a prompt the next step finishes (:mod:`specdec.k_choice`). Sequences waiting for a slot or
+        blocks are not counted: speculation frees those sooner."""
+        left = sum(self._left(seq) - chunk for seq, chunk in zip(self.prefilling, chunks))
+        return max(0, left - sum(chunks))
 
     def _preempt(self) -> None:
         """Preempt sequences holding a slot, least advanced first, until one more step of every one of them

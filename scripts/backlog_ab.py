@@ -1,0 +1,53 @@
+"""One of this checkout's rules for auto k beside prompts against the rule before it, interleaved round by round
+(:mod:`specdec.bench.interleaved`). A benchmark, not a test: ``docs/lab-notes/2026-11-30-queue-and-probes.md``
+used it.
+
+- ``--change queue``: auto k drafts nothing only while prompt tokens wait past the next step (a queue), against
+  drafting nothing while any wait past this step (``Scheduler._backlog`` as it was).
+- ``--change probe``: a probe while speculation is off waits for a step that feeds no prompt tokens
+  (``AdaptiveK._may_probe``), against probing on the step it is due.
+
+    python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
+        --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
+        --max-step-time-ratio 1.25 --rounds 2
+
+``--control`` runs this checkout under both names instead (an A/A control). Flags other than this script's own go
+to ``bench-serve``.
+"""
+
+from __future__ import annotations
+
+from specdec.adaptive import AdaptiveK
+from specdec.bench import interleaved
+from specdec.scheduler import Scheduler
+
+BACKLOG, MAY_PROBE = Scheduler._backlog, AdaptiveK._may_probe
+
+
+def any_left(self, chunks):
+    """The prompt tokens left after this step's chunks: the queue as it was (every one turned the drafts off)."""
+    return sum(self._left(seq) - chunk for seq, chunk in zip(self.prefilling, chunks))
+
+
+def when_due(self, ks, prompt_tokens):
+    """A probe on the step it is due, prompts fed or not."""
+    return True
+
+
+def install(change: str, new: bool) -> None:
+    """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
+    Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
+    AdaptiveK._may_probe = MAY_PROBE if new or change != "probe" else when_due
+
+
+def main() -> None:
+    parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
+    parser.add_argument("--change", choices=("queue", "probe"), required=True)
+    parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
+    cli, rest = parser.parse_known_args()
+    interleaved.main(cli, rest, {"new": lambda: install(cli.change, True),
+                                 "old": lambda: install(cli.change, cli.control)})
+
+
+if __name__ == "__main__":
+    main()
