@@ -272,7 +272,8 @@ class Engine:
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
         #    A probe while speculation is off drafts the rows whose drafters have the least to catch up.
-        #    The prompt tokens fed besides are priced with the drafts; while more wait, auto k drafts nothing.
+        #    The prompt tokens fed besides are priced with the drafts; while a queue waits past the next step,
+        #    auto k drafts nothing, and a probe while off waits for a step that feeds no prompt.
         #    The drafter first catches up on what it has not absorbed (timed apart: a switching cost).
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs],
                                 self.drafter.backlog if self.drafter is not None else None, sum(chunks), prompt_backlog)

@@ -23,7 +23,7 @@ its pending token) joins the next step; else they are fed in forwards of their o
 decoding step of the same step. Without a budget every admitted prompt is fed whole at admission.
 Chunking changes only when the prompt's tokens are fed: the cache, the drafter's state and so
 every output are those of a prompt fed at once (tested). The engine is told the step's prompt tokens and those
-left to feed after it, which auto k weighs (:mod:`specdec.k_choice`: no drafts while prompt tokens wait).
+that wait past the next step, which auto k weighs (:mod:`specdec.k_choice`: no drafts while such a queue waits).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 each variant in every round (the order reversed every other round, as the host drifts), and each method's ratios
 to plain decoding are taken within a round under the same variant, then the variants' rows are compared round by
 round. A variant is a name and a function that installs it (patches a module for the runs that follow) before each
-of its runs; an A/A control is the same installer under two names. Used by ``scripts/pacer_fit_ab.py`` and
-``scripts/queue_weight_ab.py``.
+of its runs; an A/A control is the same installer under two names. Used by ``scripts/pacer_fit_ab.py``,
+``scripts/queue_weight_ab.py`` and ``scripts/backlog_ab.py``.
 """
 
 from __future__ import annotations
