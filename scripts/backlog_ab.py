@@ -6,6 +6,8 @@ used it.
   drafting nothing while any wait past this step (``Scheduler._backlog`` as it was).
 - ``--change probe``: a probe while speculation is off waits for a step that feeds no prompt tokens
   (``AdaptiveK._may_probe``), against probing on the step it is due.
+- ``--change catch-up``: under a bound, every step's drafting rows are cut to those whose drafters catch up within
+  ``CATCH_UP_BUDGET`` positions a row, the least behind always (``AdaptiveK._caps``), against cutting only a probe's.
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -21,7 +23,7 @@ from specdec.adaptive import AdaptiveK
 from specdec.bench import interleaved
 from specdec.scheduler import Scheduler
 
-BACKLOG, MAY_PROBE = Scheduler._backlog, AdaptiveK._may_probe
+BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 
 
 def any_left(self, chunks):
@@ -34,15 +36,21 @@ def when_due(self, ks, prompt_tokens):
     return True
 
 
+def probes_only(self, probing):
+    """Only a probe's rows are cut to those catching up within the budget."""
+    return probing
+
+
 def install(change: str, new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
     Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
     AdaptiveK._may_probe = MAY_PROBE if new or change != "probe" else when_due
+    AdaptiveK._caps = CAPS if new or change != "catch-up" else probes_only
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
-    parser.add_argument("--change", choices=("queue", "probe"), required=True)
+    parser.add_argument("--change", choices=("queue", "probe", "catch-up"), required=True)
     parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True),

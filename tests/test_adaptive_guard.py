@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, PROBE_BACKLOG, AdaptiveK, choose_ks, least_behind
+from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
+from specdec.catch_up import CATCH_UP_BUDGET, least_behind
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
 
@@ -113,7 +114,7 @@ def test_guard_switches_off_measured_slow_speculation_and_keeps_probing(pinned):
 
 
 def test_a_probe_while_off_drafts_the_rows_whose_drafters_are_least_behind(pinned):
-    """Off, a probe drafts only the rows with the least to catch up, within ``PROBE_BACKLOG`` positions per row
+    """Off, a probe drafts only the rows with the least to catch up, within ``CATCH_UP_BUDGET`` positions per row
     of the step (row ``b`` here has ``10 b + 1``: rows 0-3 add up to 64 of 16 x 4); with no backlog given,
     every row. Speculation stays off either way."""
     backlog = [10 * b + 1 for b in range(16)][::-1]  # the least behind last
@@ -139,11 +140,14 @@ def test_a_probe_while_off_waits_for_a_step_that_feeds_no_prompt(pinned, monkeyp
     assert sum(1 for (_, ks), fed in late if any(ks) and fed) > sum(1 for (_, ks), fed in late if any(ks) and not fed)
 
 
-def test_least_behind_keeps_the_first_row_and_then_what_fits():
-    budget = PROBE_BACKLOG * 4
+def test_least_behind_keeps_the_rows_drafting_the_first_row_and_then_what_fits():
+    budget = CATCH_UP_BUDGET * 4
     assert least_behind([1, 1, 1, 1], [50, 3, budget - 5, 2]) == [0, 1, 1, 1]  # 2 + 3 + 11 = 16
     assert least_behind([1, 1, 1, 1], [50, 3, budget - 4, 2]) == [0, 1, 0, 1]  # 17 would not fit
-    assert least_behind([1, 1], [500, 900]) == [1, 0]  # the least behind always probes
+    assert least_behind([1, 1], [500, 900]) == [1, 0]  # the least behind always drafts
+    # Rows that drafted on their previous step are kept whatever their backlog (what that step committed), and
+    # the budget is the others': 30 joins (the first), 30 + 40 would not fit.
+    assert least_behind([1, 1, 1, 1], [9, 40, 9, 30], [True, False, True, False]) == [1, 0, 1, 1]
     assert least_behind([1, 0, 1], [5, 0, 5]) == [1, 0, 1]  # a row that may not draft is no candidate; ties in order
     assert least_behind([0, 0], [1, 1]) == [0, 0]
 
@@ -187,6 +191,29 @@ def test_guard_lets_speculation_back_when_it_pays_again(pinned):
     clock["now"] = fast_drafting
     back = world.run(seqs, 600)[-100:]
     assert all(any(ks) for probe, ks in back if not probe)
+
+
+@pytest.mark.parametrize("max_step_ratio", [1.5, None])
+def test_under_a_bound_rows_far_behind_join_the_drafting_a_few_a_step(pinned, max_step_ratio):
+    """Under a bound, every step's catch-up is capped as a probe's is (:func:`least_behind`): of 16 rows whose
+    drafters are 40 positions behind (a prompt each), the rows drafting stay and the others join, one a step at
+    least, within ``CATCH_UP_BUDGET`` positions a row of the step, until every row drafts. Without a bound, every row
+    drafts on the first decision and catches up at once."""
+    world, backlog, last = World(fast_drafting, alpha=0.8, max_step_ratio=max_step_ratio), [40] * 16, [0] * 16
+    seqs, chosen = batch(16), []
+    for _ in range(40):
+        (_, ks), = world.run(seqs, 1, backlog)
+        joining = [backlog[b] for b, k in enumerate(ks) if k and not last[b]]
+        chosen.append((ks, joining))
+        backlog[:] = [1 if k else behind + 1 for k, behind in zip(ks, backlog)]  # drafting catches up
+        last = ks
+    drafting = [(ks, joining) for ks, joining in chosen if any(ks)]
+    if max_step_ratio is None:
+        assert drafting[0] == ([MAX_K] * 16, [40] * 16)
+        return
+    assert all(len(joining) == 1 or sum(joining) <= CATCH_UP_BUDGET * 16 for _, joining in drafting)
+    assert all(joining for _, joining in drafting[:8])  # a row joins on every drafting step while any is behind
+    assert all(all(ks) for ks, _ in drafting[-5:])  # every row drafts once none is far behind
 
 
 def test_a_probe_after_a_pause_is_priced_without_its_catch_up(pinned):

@@ -122,13 +122,8 @@ over the bound backs off as a probe priced far below plain decoding does: it is 
 and it pays every row's drafter catching up on the steps without drafts. The most tokens per second
 within a bound on the worst gap.
 
-A probe while speculation is off drafts only the rows whose drafters have the least to catch up (their
-``backlog``, :meth:`specdec.drafters.base.Drafter.backlog`), one at least, as long as the step's catch-up
-stays within ``PROBE_BACKLOG`` positions per row of the step. Off, a draft model's slot falls behind by
-every token emitted and an EAGLE layer buffers every target feature, the prompt's included, so a probe of
-every row fed all of them at once: at 64 streams at the ``1b`` shape under a bound of 1.25 such probes
-were the longest steps of the run (3.0 s against a median of 0.8 s, the drafting alone 0.8-1.4 s;
-``docs/lab-notes/2026-11-29-probes.md``). The rows left out catch up when speculation pays again.
+A probe while speculation is off drafts only the rows whose drafters have the least to catch up, and under a bound
+so does every drafting step: :mod:`specdec.catch_up` (the rule and why).
 
 Such a probe also waits for a step that feeds no prompt tokens (chunked prefill: the prefill pacer leaves one
 every few steps, and a server with no prompt to feed feeds none). On a step feeding a prompt chunk, the probe's
@@ -147,6 +142,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
+from specdec.catch_up import least_behind
 from specdec.k_choice import choose_ks, predicted_speedup
 from specdec.k_schedule import ScheduledK
 from specdec.metrics import BatchMetrics
@@ -157,7 +153,6 @@ AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
 PRIOR_ACCEPTANCE = 0.7  # the first sequence's prior per position, before anything was measured
 PROBE_DRAFT = 2  # tokens per row on a probe step while speculation is off
-PROBE_BACKLOG = 4  # ... whose rows' drafters catch up on at most this many positions per row of the step
 FAR_ABOVE = 1.25  # calibrated predicted speedup above which speculation is far from being switched off
 FAR_PROBES = 32  # there, the probe period doubles per probe up to FAR_PROBES * probe_every steps
 FAR_BELOW_PROBES = 8  # off, a probe priced below 1 / FAR_ABOVE or over the bound: period doubles up to this
@@ -168,18 +163,6 @@ SHAPE_MEMORY = 1024  # steps after which a shape's measurement not renewed is fo
 HOLD_MAX = 8  # steps a decision of every row at its most, far ahead, is held at most
 HOLD_DRAFT_SHARE = 0.1  # ... where drafting the most costs less than this share of a plain step
 COST_REFRESH = 4  # measured steps between refits of the cost model
-
-
-def least_behind(ks: list[int], backlog: list[int]) -> list[int]:
-    """``ks`` kept for the rows with the least ``backlog`` (ties: the earlier row), the first of them always and
-    then as long as their backlogs add up to at most ``PROBE_BACKLOG`` per row; 0 for the others."""
-    kept, total, budget = set(), 0, PROBE_BACKLOG * len(ks)
-    for b in sorted((b for b, k in enumerate(ks) if k > 0), key=lambda b: (backlog[b], b)):
-        if kept and total + backlog[b] > budget:
-            break
-        kept.add(b)
-        total += backlog[b]
-    return [k if b in kept else 0 for b, k in enumerate(ks)]
 
 
 class FixedK:
@@ -223,6 +206,7 @@ class AdaptiveK:
         self.pool_proposals = ProposalRate(pool_decay, prior_weight=1.0)  # prior 1: a drafter proposes
         self.proposals: dict[str, ProposalRate] = {}  # per sequence, the pool's rate as prior
         self.asked: list[int] = []  # the ks of the step chosen last, row by row
+        self.drafted: set[str] = set()  # the requests that drafted on the step observed last
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.widest: dict[int, int] = {}  # rows -> the widest draft of a step timed at that row count
         self.shape_decay = shape_decay
@@ -312,7 +296,7 @@ class AdaptiveK:
                prompt_backlog: int = 0) -> list[int]:
         """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step. ``backlog(seqs)[b]``
         is the positions row ``b``'s drafter would catch up on before drafting (None: nothing), which bounds a
-        probe's rows; it is asked only on a probe while speculation is off, not every step. ``prompt_tokens``:
+        step's rows (:meth:`_caps`); it is asked only on a step that drafts. ``prompt_tokens``:
         the prompt tokens the step feeds besides (chunked prefill), priced with the drafts
         (:func:`~specdec.k_choice.choose_ks`), and a probe while speculation is off waits for a step that feeds
         none; ``prompt_backlog``: prompt tokens that wait past the next step (a queue), while there are any, no
@@ -332,6 +316,7 @@ class AdaptiveK:
         probe = [min(PROBE_DRAFT if self.max_step_ratio is None else 1, limit) for limit in limits]
         if cost is None:  # cold start (or a line gone flat): measure a drafting step, then a plain one
             first = limits if self.max_step_ratio is None else probe
+            first = self._catching_up(first, seqs, backlog) if self._caps(False) else first
             return self._count(seqs, limits, first if self.draft_cost() is None else [0] * len(limits))
         pool = self.pool.rates(self.prior)
         rates = [self._acceptance(s).rates(pool) for s in seqs]
@@ -345,6 +330,7 @@ class AdaptiveK:
             reach = [min(limit, self.widest.get(len(seqs), 0) + 1) for limit in limits]
         ks, self.last_speedup = choose_ks(rates, reach, cost, self.padded, proposing, self.max_step_ratio,
                                           prompt_tokens)
+        probing = False  # a probe of drafting while speculation is off
         far = scale is not None and self.last_speedup > FAR_ABOVE  # far from switching speculation off
         below = not any(ks) and (predicted_speedup(rates, probe, model, self.padded, proposing) < 1 / FAR_ABOVE
                                  or self._over_bound(probe, model))
@@ -360,7 +346,7 @@ class AdaptiveK:
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe and self._may_probe(ks, prompt_tokens):  # invert the decision once
             if not any(ks):
-                ks = probe if backlog is None else least_behind(probe, backlog(seqs))
+                ks, probing = probe, True
                 if below:
                     self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
             elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:
@@ -373,7 +359,20 @@ class AdaptiveK:
             known = self._measured(len(ks), self._fed(narrower))
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
-        return self._count(seqs, limits, ks)
+        return self._count(seqs, limits, self._catching_up(ks, seqs, backlog) if self._caps(probing) else ks)
+
+    def _caps(self, probing: bool) -> bool:
+        """Whether a step's drafting rows are cut to those whose drafters catch up within ``CATCH_UP_BUDGET``
+        positions a row (:meth:`_catching_up`): a probe while speculation is off, and under a bound every step."""
+        return probing or self.max_step_ratio is not None
+
+    def _catching_up(self, ks: list[int], seqs: list[Sequence], backlog: Callable[[list[Sequence]], list[int]] | None
+                     ) -> list[int]:
+        """``ks`` cut by :func:`~specdec.catch_up.least_behind` (the rows that drafted on the step observed last, and
+        those joining within the budget), or ``ks`` where the drafter keeps no backlog or nothing is drafted."""
+        if backlog is None or not any(ks):
+            return ks
+        return least_behind(ks, backlog(seqs), [s.request_id in self.drafted for s in seqs])
 
     def _may_probe(self, ks: list[int], prompt_tokens: int) -> bool:
         """Whether a step deciding ``ks`` and feeding ``prompt_tokens`` may be a probe that is due: a probe of
@@ -409,6 +408,7 @@ class AdaptiveK:
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
         """Learn a step's outcome: acceptance of each row and of the pool, and the step's cost."""
         asked = self.asked if len(self.asked) == len(seqs) else num_drafted  # what choose gave these rows
+        self.drafted = {s.request_id for s, n in zip(seqs, num_drafted) if n}
         for s, k, n, a in zip(seqs, asked, num_drafted, num_accepted):
             if k:  # asked to draft: whether it proposed anything
                 self._proposing(s).update(n > 0)
