@@ -315,9 +315,10 @@ class AdaptiveK:
         cost = self._model(len(seqs))
         probe = [min(PROBE_DRAFT if self.max_step_ratio is None else 1, limit) for limit in limits]
         if cost is None:  # cold start (or a line gone flat): measure a drafting step, then a plain one
+            if self.draft_cost() is not None:
+                return self._count(seqs, limits, [0] * len(limits))
             first = limits if self.max_step_ratio is None else probe
-            first = self._catching_up(first, seqs, backlog) if self._caps(False) else first
-            return self._count(seqs, limits, first if self.draft_cost() is None else [0] * len(limits))
+            return self._count(seqs, limits, self._catching_up(first, seqs, backlog) if self._caps(False) else first)
         pool = self.pool.rates(self.prior)
         rates = [self._acceptance(s).rates(pool) for s in seqs]
         model, scale = cost, self.drafting_scale(len(seqs))
