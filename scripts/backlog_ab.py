@@ -8,6 +8,10 @@ used it.
   (``AdaptiveK._may_probe``), against probing on the step it is due.
 - ``--change catch-up``: under a bound, every step's drafting rows are cut to those whose drafters catch up within
   ``CATCH_UP_BUDGET`` positions a row, the least behind always (``AdaptiveK._caps``), against cutting only a probe's.
+- ``--change within-bound``: under a bound, the rows joining the drafting are budgeted in seconds (what the bound
+  leaves of the step, at the drafter's measured seconds per position caught up on: ``CatchUpRate``) and a probe
+  whose cheapest form is predicted over the bound is not taken (``AdaptiveK._cheapest_fits``), against
+  ``CATCH_UP_BUDGET`` positions a row and every probe taken.
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -21,9 +25,11 @@ from __future__ import annotations
 
 from specdec.adaptive import AdaptiveK
 from specdec.bench import interleaved
+from specdec.catch_up import CatchUpRate
 from specdec.scheduler import Scheduler
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
+RATE, FITS = CatchUpRate.per_position, AdaptiveK._cheapest_fits
 
 
 def any_left(self, chunks):
@@ -41,16 +47,28 @@ def probes_only(self, probing):
     return probing
 
 
+def unmeasured(self):
+    """The seconds per position caught up on never measured: the budget stays in positions."""
+    return None
+
+
+def always(self, seqs, model, backlog):
+    """Every probe that is due is taken."""
+    return True
+
+
 def install(change: str, new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
     Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
     AdaptiveK._may_probe = MAY_PROBE if new or change != "probe" else when_due
     AdaptiveK._caps = CAPS if new or change != "catch-up" else probes_only
+    CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
+    AdaptiveK._cheapest_fits = FITS if new or change != "within-bound" else always
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
-    parser.add_argument("--change", choices=("queue", "probe", "catch-up"), required=True)
+    parser.add_argument("--change", choices=("queue", "probe", "catch-up", "within-bound"), required=True)
     parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True),

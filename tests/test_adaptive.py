@@ -21,8 +21,9 @@ from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, adaptive
 from specdec.acceptance import Acceptance, expected_tokens
-from specdec.adaptive import HOLD_MAX, PRIOR_ACCEPTANCE, AdaptiveK, FixedK, choose_ks
+from specdec.adaptive import HOLD_MAX, PRIOR_ACCEPTANCE, AdaptiveK, choose_ks
 from specdec.errors import SpecDecError
+from specdec.k_schedule import FixedK
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
 

@@ -57,12 +57,13 @@ class World:
     """One policy, stepped over batches of synthetic sequences."""
 
     def __init__(self, clock, alpha: float = 0.8, seed: int = 0, max_step_ratio: float | None = None,
-                 catch_up: float = 0.0, apart: bool = True) -> None:
-        self.policy = AdaptiveK(MAX_K, probe_every=PROBE_EVERY, max_step_ratio=max_step_ratio)
+                 catch_up: float = 0.0, apart: bool = True, per_position: float = 0.0, padded: bool = False) -> None:
+        self.policy = AdaptiveK(MAX_K, probe_every=PROBE_EVERY, max_step_ratio=max_step_ratio, padded=padded)
         self.clock, self.alpha = clock, alpha
         # A drafting step first catches up on every step since the last one: ``catch_up`` seconds each, in its
-        # drafting time, reported as ``catch_up_seconds`` where ``apart`` (as the engine does).
-        self.catch_up, self.apart, self.behind = catch_up, apart, 0
+        # drafting time, reported as ``catch_up_seconds`` where ``apart`` (as the engine does), and ``per_position``
+        # seconds per position of backlog of the rows joining the drafting.
+        self.catch_up, self.apart, self.behind, self.per_position = catch_up, apart, 0, per_position
         self.rng = random.Random(seed)
         self.metrics = BatchMetrics()
         self.policy.bind_metrics(self.metrics)
@@ -84,7 +85,7 @@ class World:
                 accepted.append(a)
             width = max(ks)
             target, draft = self.clock(len(seqs), width)
-            catch_up = self.catch_up * self.behind if width else 0.0
+            catch_up = self.catch_up * self.behind + self.per_position * self.policy.joining if width else 0.0
             self.behind = 0 if width else self.behind + 1
             self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft + catch_up,
                                                              catch_up_seconds=catch_up if self.apart else 0.0))
@@ -150,6 +151,61 @@ def test_least_behind_keeps_the_rows_drafting_the_first_row_and_then_what_fits()
     assert least_behind([1, 1, 1, 1], [9, 40, 9, 30], [True, False, True, False]) == [1, 0, 1, 1]
     assert least_behind([1, 0, 1], [5, 0, 5]) == [1, 0, 1]  # a row that may not draft is no candidate; ties in order
     assert least_behind([0, 0], [1, 1]) == [0, 0]
+
+
+def test_under_a_bound_the_catch_up_budget_is_in_seconds(pinned):
+    """Under a bound of 1.25 plain steps, 16 rows off (drafting measured slow) whose drafters are 5 positions
+    behind, each position 0.02 plain steps to catch up on: the seconds per position are measured (to 1%) on the
+    steps that rows join, and once speculation is off, a probe of one row fits the bound (1.1 plain steps predicted)
+    but nothing is left for a second row (drafting measured slow). Without a bound, every probe joins the rows
+    within ``CATCH_UP_BUDGET`` positions a row: 12 rows, 1.2 plain steps of catch-up."""
+    cost = 0.02 * PLAIN_SECONDS
+    for bound in (1.25, None):
+        world = World(slow_drafting, alpha=0.9, max_step_ratio=bound, per_position=cost)
+        late = world.run(batch(16), 300, [5] * 16)[100:]
+        assert all(ks == [0] * 16 for probe, ks in late if not probe)
+        probes = [sum(k > 0 for k in ks) for probe, ks in late if probe]
+        assert len(probes) > 10 and set(probes) == ({1} if bound else {12})
+        assert world.policy.catch_up.per_position() == pytest.approx(cost, rel=0.01)
+
+
+def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():
+    """The budget in seconds, by hand: plain 16 rows cost 0.0116 s, a step drafting one position 0.0117 s
+    (0.0116 + 0.0001 per token and 0.0005 a position) with no row drafting yet, so a bound of 1.25 leaves
+    0.0024 s; a row 5 positions behind costs 5 x 0.0004 s of catch-up and 0.0001 s of verification: one row fits
+    (the second would need 0.0042 s). Budgeted in positions (the rate not measured yet), 12 rows join."""
+    policy, seqs = AdaptiveK(MAX_K, max_step_ratio=1.25), batch(16)
+    model = CostModel(intercept=0.01, slope=0.0001, draft=0.0005)
+    assert policy._catching_up([1] * 16, seqs, lambda rows: [5] * 16, model).count(1) == 12
+    policy.catch_up.add(10, 0.004)
+    policy.catch_up.add(10, 0.004)
+    assert policy._catching_up([1] * 16, seqs, lambda rows: [5] * 16, model).count(1) == 1
+    # The least behind first: 0.0005 s for a row 1 behind, then 0.0013 s for a row 3 behind (a third would not fit).
+    assert policy._catching_up([1] * 16, seqs, lambda rows: [3] * 15 + [1], model) == [1] + [0] * 14 + [1]
+    assert policy.joining == 4
+    # A probe's cheapest form, one row one position (0.0122 s), fits the bound with up to 0.0023 s of catch-up.
+    assert policy._cheapest_fits(seqs, model, lambda rows: [5] * 16)  # 0.0020 s
+    assert not policy._cheapest_fits(seqs, model, lambda rows: [6] * 15 + [9])  # 0.0024 s
+
+
+def test_under_a_bound_no_probe_where_one_draft_is_over_it(monkeypatch):
+    """A target bound by arithmetic (1 ms a token fed) on a padded grid: one draft doubles the grid of 16 rows, so
+    every drafting step is over a bound of 1.25, the cheapest probe's included, and no step drafts at all. Unpadded,
+    one draft adds one token: the probes (one row, least behind) come every few periods. Without a bound, padded,
+    the probes come too."""
+    steep = CostModel(intercept=0.001, slope=0.001, draft=0.0001)
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: steep)
+
+    def clock(rows: int, width: int) -> tuple[float, float]:
+        return steep.target_seconds(rows * (width + 1)), 0.0001 * width
+
+    for padded, bound in ((True, 1.25), (False, 1.25), (True, None)):
+        chosen = World(clock, alpha=0.8, max_step_ratio=bound, padded=padded).run(batch(16), 300, [3] * 16)
+        drafting = [ks for _, ks in chosen if any(ks)]
+        if padded and bound:
+            assert not drafting
+        else:
+            assert len(drafting) >= 300 // (FAR_BELOW_PROBES * PROBE_EVERY)
 
 
 def test_guard_leaves_measured_fast_speculation_on(pinned):
@@ -304,17 +360,18 @@ def test_probes_back_off_where_the_model_prices_them_far_below_plain():
     assert sum(any(ks) for _, ks in back[-100:]) > 90
 
 
-def test_probes_back_off_where_a_probe_is_over_the_step_time_bound():
+def test_no_probe_where_a_probe_is_over_the_step_time_bound():
     """One row at α = 0.9, a flat 10 ms target and drafting 5 ms a position: one draft position pays (1.9
     tokens for 1.5 plain steps), so without a bound the policy drafts. Under a bound of 1.2 plain steps no
-    draft is within it: speculation stays off, every probe drafts one position, and the probes back off
-    (each is a step over the bound), the period doubling up to ``FAR_BELOW_PROBES`` periods."""
+    draft is within it, the cheapest probe's included: speculation stays off and the probes that come due are
+    skipped, their period doubling up to ``FAR_BELOW_PROBES`` periods. After the cold start, a step drafts only
+    where the cost line went flat (some 240 steps of one shape, here), to measure its slope again."""
     clock = lambda rows, width: (PLAIN_SECONDS, 0.005 * width)  # noqa: E731
     free = World(clock, alpha=0.9).run(batch(1), 300)
     assert sum(any(ks) for _, ks in free[-100:]) > 80
     chosen = World(clock, alpha=0.9, max_step_ratio=1.2).run(batch(1), 1000)
-    assert all(ks == [0] for probe, ks in chosen[10:] if not probe)
-    assert all(ks == [1] for probe, ks in chosen[10:] if probe)
+    drafting = [step for step, (_, ks) in enumerate(chosen) if any(ks) and step >= 10]
+    assert 3 <= len(drafting) <= 1000 // 200 and all(b - a >= 200 for a, b in zip([0] + drafting, drafting))
     probes = [step for step, (probe, _) in enumerate(chosen) if probe]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] == PROBE_EVERY * FAR_BELOW_PROBES and all(b in (a, 2 * a) for a, b in zip(gaps, gaps[1:]))

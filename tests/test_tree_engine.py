@@ -20,8 +20,8 @@ from test_sampling_exactness import BATCH, assert_matches_target, pair  # noqa: 
 from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams, SpecDecError
-from specdec.adaptive import FixedK
 from specdec.drafters.base import DraftBatch, Drafter
+from specdec.k_schedule import FixedK
 from specdec.models.base import ForwardBatch
 
 

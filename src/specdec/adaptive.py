@@ -119,11 +119,16 @@ spread: steps of one shape for long), not every row's most; and no row drafts mo
 the widest step timed at that row count, so the cost line is not trusted far past what was measured (it
 had eagle draft 8 where a step of 8 cost well over the bound at ``1b``). A probe the model (uncalibrated) predicts
 over the bound backs off as a probe priced far below plain decoding does: it is a step over the bound,
-and it pays every row's drafter catching up on the steps without drafts. The most tokens per second
-within a bound on the worst gap.
+and it pays every row's drafter catching up on the steps without drafts. A probe is not taken at all where even
+its cheapest form, the row least behind drafting one position, is predicted so (uncalibrated, its catch-up priced
+once measured: :mod:`specdec.catch_up`), as on a padded grid at a row count where the target's forward is bound by
+arithmetic: one draft doubles the grid (at 64 streams at ``1b`` on a 2-core CPU, probes of one to three rows took
+1.3-1.8 plain steps and were among a run's longest; ``docs/lab-notes/2026-11-30-probes-within-the-bound.md``). Such a
+probe could measure nothing that turns speculation on there: every drafting step is priced over the bound by the
+model itself. The most tokens per second within a bound on the worst gap.
 
-A probe while speculation is off drafts only the rows whose drafters have the least to catch up, and under a bound
-so does every drafting step: :mod:`specdec.catch_up` (the rule and why).
+A probe while speculation is off drafts only the rows least behind, as does every drafting step under a bound (in
+what the bound leaves of the step, once the catch-up's seconds a position are measured): :mod:`specdec.catch_up`.
 
 Such a probe also waits for a step that feeds no prompt tokens (chunked prefill: the prefill pacer leaves one
 every few steps, and a server with no prompt to feed feeds none). On a step feeding a prompt chunk, the probe's
@@ -142,9 +147,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
-from specdec.catch_up import least_behind
+from specdec.catch_up import CatchUpRate, least_behind, seconds_budget
 from specdec.k_choice import choose_ks, predicted_speedup
-from specdec.k_schedule import ScheduledK
+from specdec.k_schedule import FixedK, ScheduledK
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
 from specdec.step_cost import OUTLIER, Calibration, CostModel, LineFit, StepCost, tokens_fed
@@ -165,30 +170,6 @@ HOLD_DRAFT_SHARE = 0.1  # ... where drafting the most costs less than this share
 COST_REFRESH = 4  # measured steps between refits of the cost model
 
 
-class FixedK:
-    """Every row drafts ``k`` tokens (fewer when its budget says so)."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def choose(self, seqs: list[Sequence], limits: list[int],
-               backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
-               prompt_backlog: int = 0) -> list[int]:
-        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
-        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, waiting past
-        the next step, do not change a fixed k)."""
-        return [min(self.k, limit) for limit in limits]
-
-    def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
-        """A fixed k learns nothing."""
-
-    def release(self, seq: Sequence) -> None:
-        """Nothing is kept per sequence."""
-
-    def bind_metrics(self, metrics: BatchMetrics) -> None:
-        """A fixed k has no choices to count."""
-
-
 class AdaptiveK:
     """``num_speculative_tokens="auto"``: per row and step, the k the measured model predicts to be
     fastest, at most ``max_k`` (see the module docstring)."""
@@ -207,6 +188,8 @@ class AdaptiveK:
         self.proposals: dict[str, ProposalRate] = {}  # per sequence, the pool's rate as prior
         self.asked: list[int] = []  # the ks of the step chosen last, row by row
         self.drafted: set[str] = set()  # the requests that drafted on the step observed last
+        self.joining = 0  # positions the rows joining the drafting caught up on, on the step chosen last
+        self.catch_up = CatchUpRate(draft_decay)  # the drafter's seconds per position caught up on
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.widest: dict[int, int] = {}  # rows -> the widest draft of a step timed at that row count
         self.shape_decay = shape_decay
@@ -303,6 +286,7 @@ class AdaptiveK:
         row drafts (the queue's weight, :mod:`specdec.k_choice`)."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
+        self.joining = 0
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             self.asked = [0] * len(limits)
             return self.asked
@@ -314,9 +298,11 @@ class AdaptiveK:
             return self._count(seqs, limits, limits)
         cost = self._model(len(seqs))
         probe = [min(PROBE_DRAFT if self.max_step_ratio is None else 1, limit) for limit in limits]
-        if cost is None:  # cold start (or a line gone flat): measure a drafting step, then a plain one
+        if cost is None:  # cold start, or a line gone flat (then as a probe): a drafting step, then a plain one
             if self.draft_cost() is not None:
-                return self._count(seqs, limits, [0] * len(limits))
+                if self.steps < self.next_probe or not self._may_probe([], prompt_tokens):
+                    return self._count(seqs, limits, [0] * len(limits))
+                self.next_probe = self.steps + self.probe_period
             first = limits if self.max_step_ratio is None else probe
             return self._count(seqs, limits, self._catching_up(first, seqs, backlog) if self._caps(False) else first)
         pool = self.pool.rates(self.prior)
@@ -347,7 +333,8 @@ class AdaptiveK:
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe and self._may_probe(ks, prompt_tokens):  # invert the decision once
             if not any(ks):
-                ks, probing = probe, True
+                if self._cheapest_fits(seqs, model, backlog):
+                    ks, probing = probe, True
                 if below:
                     self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
             elif self.steps - self.last_plain.get(len(ks), -self.probe_period) >= self.probe_period:
@@ -360,32 +347,50 @@ class AdaptiveK:
             known = self._measured(len(ks), self._fed(narrower))
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
-        return self._count(seqs, limits, self._catching_up(ks, seqs, backlog) if self._caps(probing) else ks)
+        return self._count(seqs, limits, self._catching_up(ks, seqs, backlog, cost) if self._caps(probing) else ks)
 
     def _caps(self, probing: bool) -> bool:
         """Whether a step's drafting rows are cut to those whose drafters catch up within ``CATCH_UP_BUDGET``
         positions a row (:meth:`_catching_up`): a probe while speculation is off, and under a bound every step."""
         return probing or self.max_step_ratio is not None
 
-    def _catching_up(self, ks: list[int], seqs: list[Sequence], backlog: Callable[[list[Sequence]], list[int]] | None
-                     ) -> list[int]:
+    def _catching_up(self, ks: list[int], seqs: list[Sequence], backlog: Callable[[list[Sequence]], list[int]] | None,
+                     cost: CostModel | None = None) -> list[int]:
         """``ks`` cut by :func:`~specdec.catch_up.least_behind` (the rows that drafted on the step observed last, and
-        those joining within the budget), or ``ks`` where the drafter keeps no backlog or nothing is drafted."""
+        those joining within the budget: in seconds under a bound once ``cost`` and the catch-up's rate are known,
+        :func:`~specdec.catch_up.seconds_budget`), or ``ks`` where there is no backlog or nothing is drafted."""
         if backlog is None or not any(ks):
             return ks
-        return least_behind(ks, backlog(seqs), [s.request_id in self.drafted for s in seqs])
+        behind, drafting = backlog(seqs), [s.request_id in self.drafted for s in seqs]
+        price, budget, rate = None, None, self.catch_up.per_position()
+        if self.max_step_ratio is not None and cost is not None and rate is not None:
+            price, budget = seconds_budget(ks, behind, drafting, cost, self.max_step_ratio, rate, self.padded)
+        cut = least_behind(ks, behind, drafting, price, budget)
+        self.joining = sum(n for n, k, d in zip(behind, cut, drafting) if k and not d)
+        return cut
 
     def _may_probe(self, ks: list[int], prompt_tokens: int) -> bool:
         """Whether a step deciding ``ks`` and feeding ``prompt_tokens`` may be a probe that is due: a probe of
         drafting (speculation off) waits for a step that feeds no prompt (see the module docstring)."""
         return any(ks) or not prompt_tokens
 
-    def _over_bound(self, ks: list[int], model: CostModel) -> bool:
-        """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated) over the bound on a drafting
-        step's time, every row proposing (False without a bound)."""
+    def _cheapest_fits(self, seqs: list[Sequence], model: CostModel,
+                       backlog: Callable[[list[Sequence]], list[int]] | None) -> bool:
+        """Whether a probe's cheapest form, one row drafting one position, is predicted by ``model`` (uncalibrated)
+        within the bound, with the catch-up of the row least behind once its rate is measured (True without a
+        bound)."""
+        if self.max_step_ratio is None:
+            return True
+        rate = self.catch_up.per_position()
+        catch_up = rate * min(backlog(seqs)) if rate is not None and backlog is not None else 0.0
+        return not self._over_bound([1] + [0] * (len(seqs) - 1), model, catch_up)
+
+    def _over_bound(self, ks: list[int], model: CostModel, catch_up: float = 0.0) -> bool:
+        """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated), with ``catch_up`` seconds besides,
+        over the bound on a drafting step's time, every row proposing (False without a bound)."""
         if self.max_step_ratio is None:
             return False
-        return model.seconds(self._fed(ks), max(ks)) > self.max_step_ratio * model.target_seconds(len(ks))
+        return model.seconds(self._fed(ks), max(ks)) + catch_up > self.max_step_ratio * model.target_seconds(len(ks))
 
     def drafting_scale(self, rows: int) -> float | None:
         """How much more (or less) drafting steps over ``rows`` rows measured than the model predicted,
@@ -420,6 +425,8 @@ class AdaptiveK:
         last_width, self.last_width = self.last_width, step.width
         if step.setup:  # a one-time set-up: not what the step costs
             return
+        if self.joining and step.width and (draft := self.draft_cost()):  # rows joined: what their catch-up cost
+            self.catch_up.add(self.joining, step.draft_seconds - draft[0] - draft[1] * step.width)
         cost = self._model(len(seqs))
         if step.prompt_tokens:  # prompt chunks fed: not its shape's time, but its forward's over all its tokens
             if step.prompt_fused:

@@ -14,6 +14,16 @@ The rule. The rows drafting keep their drafts. Of the rows joining, the least be
 earlier row), and the next least behind as long as the joining rows' backlogs add up to at most
 ``CATCH_UP_BUDGET`` positions per row of the step. The others draft nothing this step and join on a later one.
 
+The budget in seconds. Under a bound, once the drafter's seconds per position caught up on are measured
+(:class:`CatchUpRate`, on the drafting steps that rows joined), the budget is what the bound leaves of the step's
+predicted time with the rows drafting alone, and a joining row costs its backlog at that rate and the tokens its
+draft adds to the target's forward (none on a padded grid, whose width the budget already pays):
+:func:`seconds_budget`. Positions are a poor unit for it: at 64 streams at the ``1b`` shape on a 2-core CPU the 4
+positions a row of 64 rows let probes join 11-16 rows, 0.10-0.12 s of drafting, mostly catch-up, on top of a
+target's forward that one draft had already widened, and such probes took 1.5-1.9 plain steps against a bound of
+1.25. A probe whose cheapest form (the row least behind, one position, its catch-up priced) is predicted over the
+bound is not taken at all (:mod:`specdec.adaptive`).
+
 Why a probe. Off, every row falls behind, so a probe of every row fed all of it at once: at 64 streams at the
 ``1b`` shape under a bound of 1.25 such probes were the longest steps of the run (3.0 s against a median of
 0.8 s, the drafting alone 0.8-1.4 s; ``docs/lab-notes/2026-11-29-probes.md``).
@@ -28,20 +38,60 @@ auto k maximises throughput alone, and a row switched on catches up at once.
 
 from __future__ import annotations
 
+from specdec.step_cost import CostModel, tokens_fed
+
 CATCH_UP_BUDGET = 4  # positions the joining rows catch up on, per row of the step (the least behind joins always)
+RATE_EVIDENCE = 1.5  # decayed steps with rows joining (two) before the rate per position is gone by
 
 
-def least_behind(ks: list[int], backlog: list[int], drafting: list[bool] | None = None) -> list[int]:
+def least_behind(ks: list[int], backlog: list[int], drafting: list[bool] | None = None,
+                 price: list[float] | None = None, budget: float | None = None) -> list[int]:
     """``ks`` (per row, ``[B]``) kept for the rows drafting (``drafting[b]``: row ``b`` drafted on its previous
     step; none where not given) and for the joining rows with the least ``backlog`` (``[B]``, positions), the first
-    always and then as long as their backlogs add up to at most ``CATCH_UP_BUDGET`` per row of the step; 0 for the
-    others (see the module docstring). A row with ``ks[b] == 0`` is no candidate."""
+    always and then as long as their ``price`` (``[B]``; the backlog where not given) adds up to at most
+    ``budget`` (``CATCH_UP_BUDGET`` per row of the step where not given); 0 for the others (see the module
+    docstring). A row with ``ks[b] == 0`` is no candidate."""
     drafting = drafting or [False] * len(ks)
+    price = backlog if price is None else price
+    budget = CATCH_UP_BUDGET * len(ks) if budget is None else budget
     kept = {b for b, k in enumerate(ks) if k > 0 and drafting[b]}
-    total, budget, joined = 0, CATCH_UP_BUDGET * len(ks), False
+    total, joined = 0.0, False
     for b in sorted((b for b, k in enumerate(ks) if k > 0 and not drafting[b]), key=lambda b: (backlog[b], b)):
-        if joined and total + backlog[b] > budget:
+        if joined and total + price[b] > budget:
             break
         kept.add(b)
-        total, joined = total + backlog[b], True
+        total, joined = total + price[b], True
     return [k if b in kept else 0 for b, k in enumerate(ks)]
+
+
+def seconds_budget(ks: list[int], backlog: list[int], drafting: list[bool], cost: CostModel, max_step_ratio: float,
+                   per_position: float, padded: bool = False) -> tuple[list[float], float]:
+    """The price of each row joining (``[B]``, seconds: its ``backlog`` at ``per_position`` seconds, and the tokens
+    its ``ks`` add to the target's forward, none on a ``padded`` grid) and the budget: what ``max_step_ratio`` plain
+    steps of ``cost`` leave of the step with the rows ``drafting`` alone (see the module docstring)."""
+    width = max(ks)
+    staying = [k if d else 0 for k, d in zip(ks, drafting)]
+    budget = max_step_ratio * cost.target_seconds(len(ks)) - cost.seconds(tokens_fed(staying, width, padded), width)
+    verify = 0.0 if padded else cost.slope * cost.drafting_scale
+    return [per_position * n + verify * k for n, k in zip(backlog, ks)], budget
+
+
+class CatchUpRate:
+    """The drafter's seconds per position caught up on, measured on the drafting steps that rows joined: the
+    joining rows' backlog against the step's drafting seconds beyond the drafting line's prediction (a draft model's
+    catch-up, timed apart, is in its drafting seconds; an EAGLE layer's is in its proposal's forward), as decayed
+    sums (``decay`` per step added)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.weight = self.positions = self.seconds = 0.0
+
+    def add(self, positions: int, seconds: float) -> None:
+        """A step whose joining rows caught up on ``positions`` positions in ``seconds`` (beyond the drafting's)."""
+        self.weight = self.weight * self.decay + 1.0
+        self.positions = self.positions * self.decay + positions
+        self.seconds = self.seconds * self.decay + max(seconds, 0.0)
+
+    def per_position(self) -> float | None:
+        """Seconds per position caught up on, or None while fewer than two such steps were measured."""
+        return self.seconds / self.positions if self.weight >= RATE_EVIDENCE and self.positions > 0 else None

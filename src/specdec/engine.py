@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.adaptive import AdaptiveK, FixedK
+from specdec.adaptive import AdaptiveK
 from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
-from specdec.k_schedule import ScheduledK
+from specdec.k_schedule import FixedK, ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device

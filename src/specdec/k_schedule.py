@@ -6,7 +6,8 @@ A schedule maps batch sizes to k: ``{1: 4, 8: 2, 32: 0}`` (a dict, JSON's string
 ``[[1, 4], [8, 2], [32, 0]]``. A step of ``B`` rows gives every row the k of the largest batch size at
 or below ``B``: here 4 for 1 to 7 rows, 2 for 8 to 31, none (plain decoding) from 32. The first batch
 size is 1 (every step has a k); each k is at most ``num_speculative_tokens``, the most a row drafts.
-Any k fixed before a step is drafted keeps verification lossless.
+Any k fixed before a step is drafted keeps verification lossless. :class:`FixedK` is the schedule of one k, an
+integer ``num_speculative_tokens``.
 """
 
 from __future__ import annotations
@@ -92,3 +93,27 @@ class ScheduledK:
 
     def bind_metrics(self, metrics: BatchMetrics) -> None:
         self.metrics = metrics
+
+
+class FixedK:
+    """Every row drafts ``k`` tokens (fewer when its budget says so)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, seqs: list[Sequence], limits: list[int],
+               backlog: Callable[[list[Sequence]], list[int]] | None = None, prompt_tokens: int = 0,
+               prompt_backlog: int = 0) -> list[int]:
+        """Tokens to draft per row; ``limits[b]`` is the most row ``b`` may draft this step (``backlog``, what
+        each row's drafter would catch up on, ``prompt_tokens``, fed besides, and ``prompt_backlog``, waiting past
+        the next step, do not change a fixed k)."""
+        return [min(self.k, limit) for limit in limits]
+
+    def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
+        """A fixed k learns nothing."""
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing is kept per sequence."""
+
+    def bind_metrics(self, metrics: BatchMetrics) -> None:
+        """A fixed k has no choices to count."""
