@@ -12,6 +12,9 @@ used it.
   leaves of the step, at the drafter's measured seconds per position caught up on: ``CatchUpRate``) and a probe
   whose cheapest form is predicted over the bound is not taken (``AdaptiveK._cheapest_fits``), against
   ``CATCH_UP_BUDGET`` positions a row and every probe taken.
+- ``--change prompt-bound``: under a bound, a drafting step's prompt tokens count in the step the bound applies to
+  (``specdec.k_choice``), against bounding the step without them (``choose_ks`` as of commit ``483227f``, read
+  from git).
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -23,13 +26,26 @@ to ``bench-serve``.
 
 from __future__ import annotations
 
+import subprocess
+
+from specdec import adaptive
 from specdec.adaptive import AdaptiveK
 from specdec.bench import interleaved
 from specdec.catch_up import CatchUpRate
 from specdec.scheduler import Scheduler
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
-RATE, FITS = CatchUpRate.per_position, AdaptiveK._cheapest_fits
+RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
+BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
+
+
+def choose_before():
+    """``choose_ks`` as it was at ``BEFORE``."""
+    source = subprocess.run(["git", "show", f"{BEFORE}:src/specdec/k_choice.py"], capture_output=True, text=True,
+                            check=True).stdout
+    namespace: dict = {}
+    exec(compile(source, f"k_choice@{BEFORE}", "exec"), namespace)  # noqa: S102 - this repository's own history
+    return namespace["choose_ks"]
 
 
 def any_left(self, chunks):
@@ -64,11 +80,13 @@ def install(change: str, new: bool) -> None:
     AdaptiveK._caps = CAPS if new or change != "catch-up" else probes_only
     CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
     AdaptiveK._cheapest_fits = FITS if new or change != "within-bound" else always
+    adaptive.choose_ks = CHOOSE if new or change != "prompt-bound" else choose_before()
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
-    parser.add_argument("--change", choices=("queue", "probe", "catch-up", "within-bound"), required=True)
+    parser.add_argument("--change", required=True,
+                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound"))
     parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True),

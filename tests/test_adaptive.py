@@ -132,18 +132,19 @@ def step_rate(rates: list[list[float]], ks: list[int], cost: CostModel, padded: 
     return tokens / cost.with_drafting(target, width)
 
 
-def worst_step(ks: list[int], cost: CostModel, padded: bool) -> float:
-    """Seconds of a step drafting ``ks`` when every row proposes its whole draft."""
+def worst_step(ks: list[int], cost: CostModel, padded: bool, prompt_tokens: int = 0) -> float:
+    """Seconds of a step drafting ``ks`` when every row proposes its whole draft, ``prompt_tokens`` fed besides."""
     rows, width = len(ks), max(ks)
-    return cost.seconds(rows * (width + 1) if padded else rows + sum(ks), width)
+    return cost.seconds((rows * (width + 1) if padded else rows + sum(ks)) + prompt_tokens, width)
 
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_choose_ks_equals_scoring_every_width_and_count(padded):
     """Against every choice of the best ``m`` positions up to a width scored (each at its own width),
-    with random acceptance, limits and costs (offsets included), and in half the cases a bound on the
-    step's time (``max_step_ratio``: choices whose step, every row proposing, costs more plain steps are
-    left out): the same best rate, and ks that reach it within the bound."""
+    with random acceptance, limits and costs (offsets included), in half the cases a bound on the
+    step's time (``max_step_ratio``: choices whose step, every row proposing, costs more plain steps of the rows
+    alone are left out) and in a third prompt tokens fed besides (priced as work, and counted in the step the
+    bound applies to): the same best rate, and ks that reach it within the bound."""
     rng = random.Random(11)
     for _ in range(300):
         rows, max_k = rng.randint(1, 5), rng.randint(1, 10)
@@ -154,22 +155,24 @@ def test_choose_ks_equals_scoring_every_width_and_count(padded):
                          rng.uniform(0.8, 1.5), offsets)
         proposing = rng.choice([None, [rng.uniform(0.2, 1.0) for _ in range(rows)]])
         bound = rng.choice([None, rng.uniform(1.0, 2.0)])  # max_step_ratio
+        prompt = rng.choice([0, 0, rng.randint(1, 30)])
         gains = sorted((-math.prod(rates[b][: i + 1]), i + 1, b) for b in range(rows) for i in range(limits[b]))
-        best = step_rate(rates, [0] * rows, cost, padded, proposing)
+        plain = step_rate(rates, [0] * rows, cost, padded, proposing, prompt)
+        best = plain
         for w in range(1, max(limits, default=0) + 1):
             usable = [g for g in gains if g[1] <= w]
             for m in range(1, len(usable) + 1):
                 ks = [0] * rows
                 for _, _, b in usable[:m]:
                     ks[b] += 1
-                if bound is None or worst_step(ks, cost, padded) <= bound * cost.target_seconds(rows):
-                    best = max(best, step_rate(rates, ks, cost, padded, proposing))
-        ks, speedup = choose_ks(rates, limits, cost, padded, proposing, bound)
+                if bound is None or worst_step(ks, cost, padded, prompt) <= bound * cost.target_seconds(rows):
+                    best = max(best, step_rate(rates, ks, cost, padded, proposing, prompt))
+        ks, speedup = choose_ks(rates, limits, cost, padded, proposing, bound, prompt)
         assert all(0 <= k <= limit for k, limit in zip(ks, limits))
         if bound is not None and any(ks):
-            assert worst_step(ks, cost, padded) <= bound * cost.target_seconds(rows) * (1 + 1e-12)
-        assert step_rate(rates, ks, cost, padded, proposing) == pytest.approx(best, rel=1e-9)
-        assert speedup == pytest.approx(best / step_rate(rates, [0] * rows, cost, padded, proposing), rel=1e-9)
+            assert worst_step(ks, cost, padded, prompt) <= bound * cost.target_seconds(rows) * (1 + 1e-12)
+        assert step_rate(rates, ks, cost, padded, proposing, prompt) == pytest.approx(best, rel=1e-9)
+        assert speedup == pytest.approx(best / plain, rel=1e-9)
 
 
 def bernoulli_accepted(ks: list[int], alpha: float, rng: random.Random) -> list[int]:

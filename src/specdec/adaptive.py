@@ -347,7 +347,8 @@ class AdaptiveK:
             known = self._measured(len(ks), self._fed(narrower))
             self.next_narrow = self.steps + self.probe_every * (FAR_PROBES if known else 1)
             ks = narrower
-        return self._count(seqs, limits, self._catching_up(ks, seqs, backlog, cost) if self._caps(probing) else ks)
+        cut = self._catching_up(ks, seqs, backlog, cost, prompt_tokens) if self._caps(probing) else ks
+        return self._count(seqs, limits, cut)
 
     def _caps(self, probing: bool) -> bool:
         """Whether a step's drafting rows are cut to those whose drafters catch up within ``CATCH_UP_BUDGET``
@@ -355,16 +356,18 @@ class AdaptiveK:
         return probing or self.max_step_ratio is not None
 
     def _catching_up(self, ks: list[int], seqs: list[Sequence], backlog: Callable[[list[Sequence]], list[int]] | None,
-                     cost: CostModel | None = None) -> list[int]:
+                     cost: CostModel | None = None, prompt_tokens: int = 0) -> list[int]:
         """``ks`` cut by :func:`~specdec.catch_up.least_behind` (the rows that drafted on the step observed last, and
-        those joining within the budget: in seconds under a bound once ``cost`` and the catch-up's rate are known,
-        :func:`~specdec.catch_up.seconds_budget`), or ``ks`` where there is no backlog or nothing is drafted."""
+        those joining within the budget: in seconds under a bound, ``prompt_tokens`` counted, once ``cost`` and the
+        catch-up's rate are known, :func:`~specdec.catch_up.seconds_budget`), or ``ks`` where there is no backlog or
+        nothing is drafted."""
         if backlog is None or not any(ks):
             return ks
         behind, drafting = backlog(seqs), [s.request_id in self.drafted for s in seqs]
         price, budget, rate = None, None, self.catch_up.per_position()
         if self.max_step_ratio is not None and cost is not None and rate is not None:
-            price, budget = seconds_budget(ks, behind, drafting, cost, self.max_step_ratio, rate, self.padded)
+            price, budget = seconds_budget(ks, behind, drafting, cost, self.max_step_ratio, rate, self.padded,
+                                           prompt_tokens)
         cut = least_behind(ks, behind, drafting, price, budget)
         self.joining = sum(n for n, k, d in zip(behind, cut, drafting) if k and not d)
         return cut

@@ -65,13 +65,15 @@ def least_behind(ks: list[int], backlog: list[int], drafting: list[bool] | None 
 
 
 def seconds_budget(ks: list[int], backlog: list[int], drafting: list[bool], cost: CostModel, max_step_ratio: float,
-                   per_position: float, padded: bool = False) -> tuple[list[float], float]:
+                   per_position: float, padded: bool = False, prompt_tokens: int = 0) -> tuple[list[float], float]:
     """The price of each row joining (``[B]``, seconds: its ``backlog`` at ``per_position`` seconds, and the tokens
     its ``ks`` add to the target's forward, none on a ``padded`` grid) and the budget: what ``max_step_ratio`` plain
-    steps of ``cost`` leave of the step with the rows ``drafting`` alone (see the module docstring)."""
+    steps of ``cost`` (of the rows alone) leave of the step with the rows ``drafting`` alone and the
+    ``prompt_tokens`` it feeds besides (see the module docstring)."""
     width = max(ks)
     staying = [k if d else 0 for k, d in zip(ks, drafting)]
-    budget = max_step_ratio * cost.target_seconds(len(ks)) - cost.seconds(tokens_fed(staying, width, padded), width)
+    fed = tokens_fed(staying, width, padded) + prompt_tokens
+    budget = max_step_ratio * cost.target_seconds(len(ks)) - cost.seconds(fed, width)
     verify = 0.0 if padded else cost.slope * cost.drafting_scale
     return [per_position * n + verify * k for n, k in zip(backlog, ks)], budget
 

@@ -16,8 +16,13 @@ tokens the step feeds besides its rows (chunked prefill).
 The queue's weight. A step that feeds ``P`` prompt tokens does that work whatever its rows draft, and
 drafts that lengthen the step delay it. So a choice is priced as the step's work per second, its
 expected emitted tokens and its prompt tokens alike: ``(tokens + P) / T(fed + P)`` against plain
-decoding's ``(rows + P) / T(rows + P)``; the bound stays relative to plain decoding of the rows alone (the
-prompts' share is the prefill pacer's). Where prompt tokens wait past the next step (a queue: the policy's
+decoding's ``(rows + P) / T(rows + P)``. The bound is relative to plain decoding of the rows alone, and a drafting
+step's own time counts its prompt tokens: a drafting step beside a prompt chunk takes at most ``max_step_ratio``
+plain steps of its rows, as any drafting step does. Bounded without them (until 2026-11-30), such a step could take
+the prompt's share of a step and the bound's on top, longer than any step of plain decoding, whose longest are
+those feeding prompts: at 64 streams at ``1b``, eagle's drafting steps beside the last prompt chunks at 61-63 rows
+took 1.3-1.7 plain steps and were among a run's longest (``docs/lab-notes/2026-11-30-probes-within-the-bound.md``).
+Where prompt tokens wait past the next step (a queue: the policy's
 ``prompt_backlog``, what is left after this step's chunks and as many again), auto k drafts nothing
 (:meth:`specdec.adaptive.AdaptiveK.choose`): the prompts' tokens per step are then fixed (the prefill pacer's
 share of plain decoding's step, or a token budget that the drafts take from), so the server's throughput is its
@@ -52,8 +57,8 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
     its neighbours). ``padded``: the target's forward costs ``rows x (w + 1)`` tokens whatever each row
     drafts (its grid pads rows to the longest, a row without a draft included), so at width ``w``
     every row drafts up to ``w``. ``max_step_ratio``: only choices whose step, every row proposing,
-    is predicted at most this many plain steps are considered (None: any; the prompt tokens are not in
-    either step of that ratio).
+    is predicted at most this many plain steps of the rows alone are considered, the step's prompt tokens
+    included (None: any).
     """
     rows = len(limits)
     proposing = proposing or [1.0] * rows
@@ -83,7 +88,7 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             tokens -= gain * proposing[b]
             fed += proposing[b]
             count += 1
-            if target[count] > room:  # every row proposing: over the bound
+            if loaded[count] > room:  # every row proposing, with the prompt tokens: over the bound
                 continue
             low = int(fed)  # the cost between those of its neighbouring whole numbers of tokens
             seconds = loaded[low] + (fed - low) * (loaded[min(low + 1, len(loaded) - 1)] - loaded[low])
@@ -151,7 +156,7 @@ def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, 
     for w in range(1, widest + 1):
         tokens += added[w]
         seconds = cost.with_drafting(loaded[w], w)
-        if cost.with_drafting(target[w], w) <= most and tokens / seconds > best:
+        if seconds <= most and tokens / seconds > best:
             best, best_w = tokens / seconds, w
     return [min(best_w, limit) for limit in limits], best / plain
 
@@ -171,6 +176,6 @@ def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float,
         tokens += survive * proposing
         seconds = (loaded[k] + fixed + per_position * k) * scale  # the step when it proposes
         rate = tokens / (proposing * seconds + unproposed)
-        if (target[k] + fixed + per_position * k) * scale <= most and rate > best:
+        if seconds <= most and rate > best:
             best, best_k = rate, k
     return [best_k], best / plain
