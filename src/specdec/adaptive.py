@@ -351,8 +351,8 @@ class AdaptiveK:
         return self._count(seqs, limits, cut)
 
     def _caps(self, probing: bool) -> bool:
-        """Whether a step's drafting rows are cut to those whose drafters catch up within ``CATCH_UP_BUDGET``
-        positions a row (:meth:`_catching_up`): a probe while speculation is off, and under a bound every step."""
+        """Whether a step's drafting rows are cut to those whose drafters catch up within the budget
+        (:meth:`_catching_up`): a probe while speculation is off, and under a bound every step."""
         return probing or self.max_step_ratio is not None
 
     def _catching_up(self, ks: list[int], seqs: list[Sequence], backlog: Callable[[list[Sequence]], list[int]] | None,
