@@ -69,9 +69,9 @@ class SpeculativeConfig:
     ``{1: 4, 8: 2, 32: 0}``, each k at most a fixed ``num_speculative_tokens`` (:mod:`specdec.k_schedule`):
     it overrides the policy, stored as ``(batch size, k)`` pairs.
     ``max_step_time_ratio``: with ``num_speculative_tokens="auto"``, a step drafts only as much as keeps its
-    predicted time (calibrated by measurement) within this many plain steps of the same rows, such as 1.1:
-    a bound on the longest inter-token gap speculation adds, at the cost of shorter drafts (None: no bound;
-    :mod:`specdec.adaptive`).
+    predicted time (calibrated by measurement) within this many plain steps of the same rows, such as 1.1,
+    the prompt tokens it feeds besides included: a bound on the longest inter-token gap speculation adds, at the
+    cost of shorter drafts (None: no bound; :mod:`specdec.adaptive`).
     """
 
     method: str
