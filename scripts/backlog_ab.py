@@ -27,6 +27,7 @@ to ``bench-serve``.
 from __future__ import annotations
 
 import subprocess
+from functools import cache
 
 from specdec import adaptive
 from specdec.adaptive import AdaptiveK
@@ -39,8 +40,9 @@ RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptiv
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
+@cache
 def choose_before():
-    """``choose_ks`` as it was at ``BEFORE``."""
+    """``choose_ks`` as it was at ``BEFORE`` (read and compiled once, not at every install)."""
     source = subprocess.run(["git", "show", f"{BEFORE}:src/specdec/k_choice.py"], capture_output=True, text=True,
                             check=True).stdout
     namespace: dict = {}

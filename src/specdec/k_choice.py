@@ -74,10 +74,9 @@ def choose_ks(rates: list[list[float]], limits: list[int], cost: CostModel, padd
             gains.append((-survive, i + 1, b))
     gains.sort()
     widest = max(limits, default=0)
-    target = cost.target_curve(rows, rows * (widest + 1))  # [tokens - rows]: the rows alone, for the bound
-    loaded = cost.target_curve(rows + prompt_tokens, rows * (widest + 1) + prompt_tokens) if prompt_tokens else target
+    loaded = cost.target_curve(rows + prompt_tokens, rows * (widest + 1) + prompt_tokens)  # [tokens - rows - P]
     plain = (rows + prompt_tokens) / loaded[0]
-    most = _most_seconds(target[0], max_step_ratio)
+    most = _most_seconds(cost.target_seconds(rows), max_step_ratio)  # the rows alone
     best, best_w, best_m = plain, 0, 0
     for w in range(1, widest + 1):
         tokens, fed, count, drafting = float(rows + prompt_tokens), 0.0, 0, cost.draft_fixed + cost.draft * w
@@ -148,10 +147,8 @@ def _choose_width(rates: list[list[float]], limits: list[int], cost: CostModel, 
         for i in range(limit):
             survive *= row[i]
             added[i + 1] += p * survive
-    target = [cost.target_seconds(rows * (w + 1)) for w in range(widest + 1)]  # [w]: the padded grid's cost
-    loaded = ([cost.target_seconds(rows * (w + 1) + prompt_tokens) for w in range(widest + 1)]  # ... and prompts'
-              if prompt_tokens else target)
-    plain, most = (rows + prompt_tokens) / loaded[0], _most_seconds(target[0], max_step_ratio)
+    loaded = [cost.target_seconds(rows * (w + 1) + prompt_tokens) for w in range(widest + 1)]  # [w]: grid and prompts
+    plain, most = (rows + prompt_tokens) / loaded[0], _most_seconds(cost.target_seconds(rows), max_step_ratio)
     best, best_w, tokens = plain, 0, float(rows + prompt_tokens)
     for w in range(1, widest + 1):
         tokens += added[w]
@@ -165,9 +162,8 @@ def _choose_k(rates: list[float], limit: int, cost: CostModel, proposing: float,
               max_step_ratio: float | None, prompt_tokens: int) -> tuple[list[int], float]:
     """:func:`choose_ks` for a single row (padded or not: one row's grid is its draft). With probability
     ``1 - proposing`` the step is plain whatever k is (nothing proposed)."""
-    target = cost.target_curve(1, limit + 1)  # [tokens - 1]: the row alone, for the bound
-    loaded = cost.target_curve(1 + prompt_tokens, limit + 1 + prompt_tokens) if prompt_tokens else target
-    plain, most = (1.0 + prompt_tokens) / loaded[0], _most_seconds(target[0], max_step_ratio)
+    loaded = cost.target_curve(1 + prompt_tokens, limit + 1 + prompt_tokens)  # [tokens - 1 - P]
+    plain, most = (1.0 + prompt_tokens) / loaded[0], _most_seconds(cost.target_seconds(1), max_step_ratio)
     best, best_k, survive, tokens = plain, 0, 1.0, 1.0 + prompt_tokens
     fixed, per_position, scale = cost.draft_fixed, cost.draft, cost.drafting_scale
     unproposed = (1.0 - proposing) * loaded[0]  # the expected seconds of the steps that stay plain
