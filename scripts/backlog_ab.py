@@ -89,10 +89,8 @@ def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True,
                         choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound"))
-    parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
     cli, rest = parser.parse_known_args()
-    interleaved.main(cli, rest, {"new": lambda: install(cli.change, True),
-                                 "old": lambda: install(cli.change, cli.control)})
+    interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 
 
 if __name__ == "__main__":

@@ -40,9 +40,8 @@ def install(weighed: bool) -> None:
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
-    parser.add_argument("--control", action="store_true", help="this checkout under both names (A/A)")
     cli, rest = parser.parse_known_args()
-    interleaved.main(cli, rest, {"weighed": lambda: install(True), "unweighed": lambda: install(cli.control)})
+    interleaved.main(cli, rest, {"weighed": lambda: install(True), "unweighed": lambda: install(False)})
 
 
 if __name__ == "__main__":

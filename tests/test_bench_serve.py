@@ -115,6 +115,30 @@ def test_chat_client_carries_the_prefix_and_the_conversation():
     assert client.next_prompt([7]) is None  # three turns, no conversation left
 
 
+def test_chat_clients_sharing_a_queue_never_run_out_halfway():
+    """A conversation takes its three questions when it starts: a second client finding fewer left sends
+    nothing, and the first finishes its three turns (taking one question per turn, the second client's start
+    took the first's later questions and the third turn failed with an IndexError)."""
+    questions = [[2], [3], [4], [5]]
+    first, second = (ChatClient([1], questions, conversations=[0, 1]) for _ in range(2))
+    assert first.next_prompt(None) == [1, 2]
+    assert second.next_prompt(None) is None  # one question left, a conversation needs three
+    assert first.next_prompt([9]) == [1, 2, 9, 3]
+    assert first.next_prompt([8]) == [1, 2, 9, 3, 8, 4]
+    assert first.next_prompt([7]) is None and questions == [[5]]
+
+
+def test_bench_serve_chat_fills_more_conversations_than_questions(tmp_path, capsys):
+    """The chat workload cycles its questions (as the code workload cycles its prompts): more conversations than
+    the questions make are served whole."""
+    out = tmp_path / "chat.json"
+    assert main(["bench-serve", "--in-process", "--methods", "plain", "--workloads", "chat", "--concurrency", "4",
+                 "--num-requests", "12", "--num-prompts", "5", "--max-tokens", "2", "--warmup", "0",
+                 "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["workload"] == "chat" and row["requests"] == 12  # 4 conversations of 3 turns from 5 questions
+
+
 def test_flood_stops_with_the_measured_streams(tiny):
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     streams = [Client([[5, 6, 7]]), Client([[8, 9]])]
@@ -331,3 +355,33 @@ def test_bench_serve_bad_prefill_share(argv, message, capsys):
     assert main(["bench-serve", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch, capsys):
+    """``--control`` (an A/A) installs the first variant for both names; without it each name installs its own.
+    The report's ratios are each round's first variant over its second, then the median."""
+    from specdec.bench import interleaved
+
+    def run_rounds(variants, methods, args, rounds):
+        for install in variants.values():
+            install()
+        rows = []
+        for r in range(1, rounds + 1):
+            for name, tps in (("new", 120.0 * r), ("old", 100.0 * r)):
+                for method in methods:
+                    rows.append({"method": method, "workload": "code", "concurrency": 4, "round": r,
+                                 "variant": name, "tokens_per_second": tps if method == "eagle" else 100.0 * r,
+                                 "ttft_ms_p50": 10.0, "itl_ms_p99": 20.0 if name == "new" else 25.0,
+                                 "itl_ms_mean": 5.0})
+        return rows
+
+    monkeypatch.setattr(interleaved, "run_rounds", run_rounds)
+    for control, expected in ((False, ["a", "b"]), (True, ["a", "a"])):
+        calls = []
+        variants = {"new": lambda calls=calls: calls.append("a"), "old": lambda calls=calls: calls.append("b")}
+        cli, rest = interleaved.arguments("test", rounds=2).parse_known_args(
+            ["--methods", "plain,eagle", "--rounds", "2", *(["--control"] if control else [])])
+        interleaved.main(cli, rest, variants)
+        assert calls == expected
+    assert "eagle, code, 4 streams, new / old, medians: tokens_per_second 1.20, ttft_ms_p50 1.00, itl_ms_p99 0.80" \
+        in capsys.readouterr().out

@@ -2,7 +2,8 @@
 each variant in every round (the order reversed every other round, as the host drifts), and each method's ratios
 to plain decoding are taken within a round under the same variant, then the variants' rows are compared round by
 round. A variant is a name and a function that installs it (patches a module for the runs that follow) before each
-of its runs; an A/A control is the same installer under two names. Used by ``scripts/pacer_fit_ab.py``,
+of its runs; an A/A control (``--control``) runs the first variant's installer under both names, to show how far the
+host's noise alone moves the ratios. Used by ``scripts/pacer_fit_ab.py``,
 ``scripts/queue_weight_ab.py`` and ``scripts/backlog_ab.py``.
 """
 
@@ -59,23 +60,29 @@ def report(rows: list[dict[str, Any]], names: list[str], rounds: int) -> str:
 
 
 def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
-    """The flags of a script built on this module (``--methods``, ``--workloads``, ``--rounds``, ``--json``); the
-    script adds its own, and every other flag is bench-serve's (``--concurrency``, ``--shape``, ...)."""
+    """The flags of a script built on this module (``--methods``, ``--workloads``, ``--rounds``, ``--json``,
+    ``--control``); the script adds its own, and every other flag is bench-serve's (``--concurrency``, ``--shape``,
+    ...)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--methods", default="plain,eagle,draft_model,suffix", help="plain is needed for the ratios")
     parser.add_argument("--workloads", default="code", help="bench-serve workloads, comma-separated (default code)")
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--json", default=None, help="also write every row here")
+    parser.add_argument("--control", action="store_true",
+                        help="the first variant under every name (an A/A control: the host's noise alone)")
     return parser
 
 
 def main(cli: argparse.Namespace, rest: list[str], variants: dict[str, Callable[[], None]]) -> None:
     """Run ``variants`` with the script's flags ``cli`` (of :func:`arguments`) and bench-serve's ``rest``; write the
-    rows to ``--json`` if given and print :func:`report`."""
+    rows to ``--json`` if given and print :func:`report`. With ``--control`` every name runs the first variant."""
     from specdec.cli import build_parser
 
     args = build_parser().parse_args(["bench-serve", "--in-process", *rest])
     args.workloads = cli.workloads.split(",")
+    if cli.control:
+        first = next(iter(variants.values()))
+        variants = dict.fromkeys(variants, first)
     rows = run_rounds(variants, cli.methods.split(","), args, cli.rounds)
     if cli.json:
         Path(cli.json).write_text(json.dumps(rows))

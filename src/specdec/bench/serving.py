@@ -72,24 +72,26 @@ class Client:
 
 class ChatClient(Client):
     """Conversations of ``CHAT_TURNS`` turns from a shared queue of questions: each turn's prompt is the
-    shared ``prefix``, the history (questions and answers) and the next question."""
+    shared ``prefix``, the history (questions and answers) and the next question. A conversation takes its
+    ``CHAT_TURNS`` questions when it starts (none starts on fewer), so clients sharing the queue never run
+    out of one halfway."""
 
     def __init__(self, prefix: list[int], questions: list[list[int]], conversations: list[int]) -> None:
         super().__init__([])
         self.prefix, self.questions, self.conversations = prefix, questions, conversations
         self.history: list[int] = []
-        self.turn = CHAT_TURNS
+        self.turns: list[list[int]] = []
 
     def next_prompt(self, previous: list[int] | None) -> list[int] | None:
         if previous is not None:
             self.history += previous
-        if self.turn == CHAT_TURNS:
-            if not self.conversations or not self.questions:
+        if not self.turns:
+            if not self.conversations or len(self.questions) < CHAT_TURNS:
                 return None
             self.conversations.pop()
-            self.history, self.turn = [], 0
-        self.turn += 1
-        self.history += self.questions.pop(0)
+            self.turns, self.questions[:CHAT_TURNS] = self.questions[:CHAT_TURNS], []
+            self.history = []
+        self.history += self.turns.pop(0)
         return self.prefix + self.history
 
 
@@ -310,8 +312,9 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
                 traces, seconds = drive(llm, clients, params)
                 record(workload, c, traces, seconds, before)
             elif workload == "chat":
-                questions = copy.deepcopy(workloads["chat_questions"])
                 conversations = list(range(max(c, (args.num_requests or 2 * c) // CHAT_TURNS)))
+                asked = workloads["chat_questions"]  # cycled, as the code prompts are, to fill every conversation
+                questions = [list(asked[i % len(asked)]) for i in range(CHAT_TURNS * len(conversations))]
                 clients = [ChatClient(workloads["chat_prefix"], questions, conversations) for _ in range(c)]
                 traces, seconds = drive(llm, clients, params)
                 record(workload, c, traces, seconds, before)
