@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from specdec import LLM, SamplingParams, adaptive
 from specdec.acceptance import Acceptance, expected_tokens
 from specdec.adaptive import HOLD_MAX, PRIOR_ACCEPTANCE, AdaptiveK, choose_ks
+from specdec.drafters.draft_vocab import save_token_counts
 from specdec.errors import SpecDecError
 from specdec.k_schedule import FixedK
 from specdec.metrics import BatchMetrics, RequestMetrics
@@ -731,7 +732,7 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     assert len(costs) == 1 and 0 < costs[0].catch_up_seconds < costs[0].draft_seconds
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle with a draft vocabulary"])
 def test_a_drafter_absorbs_its_backlog_in_parts_and_drafts_as_if_caught_up_at_once(model_dirs, tmp_path, method):
     """Where the policy asks (``absorbing``), a draft model or an EAGLE layer feeds part of a row's backlog without
     drafting: the backlog falls by what was absorbed (and grows by the step's token), timed as catch-up, never past
@@ -748,8 +749,12 @@ def test_a_drafter_absorbs_its_backlog_in_parts_and_drafts_as_if_caught_up_at_on
         config = {"method": method, "model": str(dirs["truncated"]), "num_speculative_tokens": 2}
         first, tail = len(prompt), 2
     else:
-        make_heads(AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64), "eagle", tmp_path, 3)
-        config = {"method": method, "model": str(tmp_path), "num_speculative_tokens": 2}
+        target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64)
+        make_heads(target, "eagle", tmp_path, 3)
+        config = {"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2}
+        if method.endswith("vocabulary"):  # the layer scores 16 tokens; absorbing wants no logits at all
+            save_token_counts(tmp_path, np.array(prompt * 3), target.config.vocab_size)
+            config["draft_vocab_size"] = 16
         first, tail = len(prompt) - 1, 1
 
     def run(plan):

@@ -219,7 +219,7 @@ class EagleDrafter(HeadDrafter):
                              logits_rows=torch.empty(0, dtype=torch.long, device=device))
         batch.input_hidden = self._inputs(self.module.fused(torch.cat(features)), host[:n])
         committed = {s.slot: cache.lengths[s.slot] + c for s, c in zip(rows, batch.num_tokens)}
-        self._forward(batch)
+        self.layer.forward(batch, cache)  # no logits: not through _forward, whose draft vocabulary would expand them
         self._commit(rows, committed)
 
     def _forward(self, batch: ForwardBatch) -> ForwardOutput:
