@@ -15,9 +15,6 @@ used it.
 - ``--change prompt-bound``: under a bound, a drafting step's prompt tokens count in the step the bound applies to
   (``specdec.k_choice``), against bounding the step without them (``choose_ks`` as of commit ``483227f``, read
   from git).
-- ``--change absorb``: under a bound, a draft model feeds a row whose catch-up does not fit the step part of it
-  without drafting, the row joining once the rest fits (``Drafter.absorb``, :func:`specdec.catch_up.absorbed`),
-  against the least behind joining always, its whole catch-up in one step.
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -40,7 +37,6 @@ from specdec.scheduler import Scheduler
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
-INIT = AdaptiveK.__init__
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
@@ -79,11 +75,6 @@ def always(self, seqs, model, backlog):
     return True
 
 
-def whole(self, *args, **kwargs):
-    """:class:`AdaptiveK` told its drafter does not absorb: the least behind joins always, catching up at once."""
-    INIT(self, *args, **{**kwargs, "absorbs": False})
-
-
 def install(change: str, new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
     Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
@@ -92,13 +83,12 @@ def install(change: str, new: bool) -> None:
     CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
     AdaptiveK._cheapest_fits = FITS if new or change != "within-bound" else always
     adaptive.choose_ks = CHOOSE if new or change != "prompt-bound" else choose_before()
-    AdaptiveK.__init__ = INIT if new or change != "absorb" else whole
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True,
-                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "absorb"))
+                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

@@ -22,7 +22,6 @@ from transformers import AutoModelForCausalLM
 from specdec import LLM, SamplingParams, adaptive
 from specdec.acceptance import Acceptance, expected_tokens
 from specdec.adaptive import HOLD_MAX, PRIOR_ACCEPTANCE, AdaptiveK, choose_ks
-from specdec.drafters.draft_vocab import save_token_counts
 from specdec.errors import SpecDecError
 from specdec.k_schedule import FixedK
 from specdec.metrics import BatchMetrics, RequestMetrics
@@ -730,61 +729,3 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     assert drafter.backlog([seq])[0] <= 2  # caught up: at most the pending token and an accepted draft
     assert left[0] == ([2] if method == "draft_model" else [first + 4])
     assert len(costs) == 1 and 0 < costs[0].catch_up_seconds < costs[0].draft_seconds
-
-
-@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle with a draft vocabulary"])
-def test_a_drafter_absorbs_its_backlog_in_parts_and_drafts_as_if_caught_up_at_once(model_dirs, tmp_path, method):
-    """Where the policy asks (``absorbing``), a draft model or an EAGLE layer feeds part of a row's backlog without
-    drafting: the backlog falls by what was absorbed (and grows by the step's token), timed as catch-up, never past
-    what the proposal's own forward feeds (the draft model's last two tokens, EAGLE's last pair). The row then
-    drafts exactly what it drafts having caught up at once (float64, greedy: a pair fed out of place would change
-    the drafts, not the output), and the output is plain decoding's."""
-    from test_heads import make_heads
-
-    dirs = model_dirs["llama"]
-    prompt = [(7 * i) % 50 + 3 for i in range(17)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    [expected] = LLM(dirs["target"], dtype="float64").generate({"prompt_token_ids": prompt}, params)
-    if method == "draft_model":
-        config = {"method": method, "model": str(dirs["truncated"]), "num_speculative_tokens": 2}
-        first, tail = len(prompt), 2
-    else:
-        target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64)
-        make_heads(target, "eagle", tmp_path, 3)
-        config = {"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2}
-        if method.endswith("vocabulary"):  # the layer scores 16 tokens; absorbing wants no logits at all
-            save_token_counts(tmp_path, np.array(prompt * 3), target.config.vocab_size)
-            config["draft_vocab_size"] = 16
-        first, tail = len(prompt) - 1, 1
-
-    def run(plan):
-        llm = LLM(dirs["target"], dtype="float64", speculative_config=config)
-        handle = llm.submit({"prompt_token_ids": prompt}, params)
-        engine, drafter = llm.engine, llm.engine.drafter
-        asked = {"k": 0, "absorb": None}
-        engine.policy.choose = lambda seqs, limits, *_: [min(asked["k"], n) for n in limits]
-        engine.policy.absorbing = lambda: asked["absorb"]
-        costs, drafts, observe, propose = [], [], engine.policy.observe, drafter.propose
-        engine.policy.observe = lambda seqs, drafted, accepted, step: (costs.append(step),
-                                                                       observe(seqs, drafted, accepted, step))
-        drafter.propose = lambda *args: drafts.append(propose(*args)) or drafts[-1]
-        llm.step()  # the prompt is fed: the drafter has absorbed none of it
-        seq = llm.scheduler.running[0]
-        backlogs, before = [drafter.backlog([seq])[0]], len(costs)
-        for absorb in plan:
-            asked["absorb"] = absorb
-            llm.step()
-            backlogs.append(drafter.backlog([seq])[0])
-        asked.update(k=2, absorb=None)
-        while llm.scheduler.has_work:
-            llm.step()
-        assert drafter.absorbs and handle.seq.metrics.num_drafts > 0
-        assert handle.seq.token_ids[len(prompt):] == expected.outputs[0].token_ids
-        return backlogs, costs[before : before + len(plan)], [d.tokens[0, : d.num_draft[0]].tolist() for d in drafts]
-
-    backlogs, costs, drafts = run([[5], [6], [100]])
-    assert backlogs == [first + 1, first - 3, first - 8, tail + 1]  # the last: all it may, and one more token
-    assert len(costs) == 3 and all(c.catch_up_seconds > 0 and c.width == 0 for c in costs)
-    whole_backlogs, _, whole_drafts = run([None, None, None])
-    assert whole_backlogs == [first + 1, first + 2, first + 3, first + 4]
-    assert drafts == whole_drafts and any(drafts)

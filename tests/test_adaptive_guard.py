@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
-from specdec.catch_up import CATCH_UP_BUDGET, absorbed, least_behind
+from specdec.catch_up import CATCH_UP_BUDGET, least_behind
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.step_cost import CostModel, StepCost
 
@@ -85,7 +85,7 @@ class World:
                 accepted.append(a)
             width = max(ks)
             target, draft = self.clock(len(seqs), width)
-            catch_up = (self.catch_up * self.behind if width else 0.0) + self.per_position * self.policy.joining
+            catch_up = self.catch_up * self.behind + self.per_position * self.policy.joining if width else 0.0
             self.behind = 0 if width else self.behind + 1
             self.policy.observe(seqs, ks, accepted, StepCost(len(seqs) + sum(ks), width, target, draft + catch_up,
                                                              catch_up_seconds=catch_up if self.apart else 0.0))
@@ -188,29 +188,6 @@ def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():
     assert not policy._cheapest_fits(seqs, model, lambda rows: [6] * 15 + [9])  # 0.0024 s
 
 
-def test_a_drafter_that_absorbs_joins_a_row_only_where_its_catch_up_fits():
-    """By hand (the figures of the test above: 0.0024 s left, 0.0004 s a position, 0.0001 s of verification): a
-    drafter that absorbs joins no row whose price is over the budget, the least behind included, and the rows cut
-    feed what is left, the least behind first; one that does not keeps the least behind joining always."""
-    assert least_behind([1, 1], [500, 900], price=[5.0, 9.0], budget=1.0, first_always=False) == [0, 0]
-    assert least_behind([1, 1], [500, 900], price=[5.0, 9.0], budget=1.0) == [1, 0]
-    # Row 1 drafts (outside the budget), row 2 joins (0.5 of 3.0), rows 0 and 3 absorb 2.5 at 0.5 a position.
-    assert absorbed([1, 1, 1, 1], [0, 1, 1, 0], [9, 40, 1, 3], [False, True, False, False], [4.5, 20.0, 0.5, 1.5],
-                    3.0, 0.5) == [2, 0, 0, 3]
-    assert absorbed([1, 1], [0, 0], [9, 3], [False, False], [4.5, 1.5], 0.4, 0.5) == [0, 0]  # not one position
-    model = CostModel(intercept=0.01, slope=0.0001, draft=0.0005)
-    for absorbs in (True, False):
-        policy, seqs = AdaptiveK(MAX_K, max_step_ratio=1.25, absorbs=absorbs), batch(16)
-        for _ in range(2):
-            policy.catch_up.add(10, 0.005)  # 0.0005 s a position: 0.0051 s for a row 10 behind
-        assert policy.absorbing() is None
-        cut = policy._catching_up([1] * 16, seqs, lambda rows: [10] * 15 + [20], model)
-        if absorbs:  # none joins; the least behind absorbs 4 positions (0.0020 s of the 0.0024 s left)
-            assert cut == [0] * 16 and policy.absorbing() == [4] + [0] * 15 and policy.joining == 4
-        else:
-            assert cut == [1] + [0] * 15 and policy.absorbing() is None and policy.joining == 10
-
-
 def test_under_a_bound_no_probe_where_one_draft_is_over_it(monkeypatch):
     """A target bound by arithmetic (1 ms a token fed) on a padded grid: one draft doubles the grid of 16 rows, so
     every drafting step is over a bound of 1.25, the cheapest probe's included, and no step drafts at all. Unpadded,
@@ -293,33 +270,6 @@ def test_under_a_bound_rows_far_behind_join_the_drafting_a_few_a_step(pinned, ma
     assert all(len(joining) == 1 or sum(joining) <= CATCH_UP_BUDGET * 16 for _, joining in drafting)
     assert all(joining for _, joining in drafting[:8])  # a row joins on every drafting step while any is behind
     assert all(all(ks) for ks, _ in drafting[-5:])  # every row drafts once none is far behind
-
-
-@pytest.mark.parametrize("absorbs", [True, False])
-def test_under_a_bound_a_drafter_that_absorbs_spreads_a_new_rows_catch_up(monkeypatch, absorbs):
-    """Four rows drafting under a bound of 1.25 plain steps (a drafting step measured at 0.01 + 0.0002 s a
-    position, as the pinned model says, whose drafting is not so cheap that a decision is held; 0.0001 s a
-    position caught up on); then a new row starts 96 positions behind (a prompt). A drafter that absorbs feeds it a
-    few positions a step, every step within the bound (5% of slack), and the row drafts once what it has left
-    fits; otherwise it joins at once, in a step of about two plain steps."""
-    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: CostModel(PLAIN_SECONDS, 0.0, 0.0002))
-    world = World(lambda rows, width: (PLAIN_SECONDS + 0.0002 * width, 0.0), alpha=0.8, max_step_ratio=1.25,
-                  per_position=0.0001)
-    world.policy.absorbs = absorbs
-    seqs, backlog = batch(4), [20] * 4
-    for i in range(160):
-        if i == 80:
-            seqs[0], backlog[0] = FakeSeq("new"), 96
-        (_, ks), = world.run(seqs, 1, backlog)
-        absorb = world.policy.absorbing() or [0] * 4
-        seconds = PLAIN_SECONDS + 0.0002 * max(ks) + 0.0001 * world.policy.joining
-        if i >= 80 and (absorbs or ks[0]):
-            assert (seconds <= 1.25 * PLAIN_SECONDS * 1.05) == absorbs, (i, ks, seconds)
-            if ks[0]:
-                break
-        backlog[:] = [1 if k else behind - a + 1 for k, a, behind in zip(ks, absorb, backlog)]
-    assert ks[0] and i < 120  # the new row drafts within 40 steps
-    assert world.policy.catch_up.per_position() == pytest.approx(0.0001, rel=0.01)
 
 
 def test_a_probe_after_a_pause_is_priced_without_its_catch_up(pinned):

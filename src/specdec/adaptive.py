@@ -19,8 +19,10 @@ prefill) is priced as ``(B + P + sum (E_b(k_b) − 1)) / (t(B + P + sum k_b) + D
 the step does whatever it drafts, which drafts must not slow for less than they add (the queue's weight,
 :mod:`specdec.k_choice`). Such a step, when its forward feeds the chunks too (``StepCost.prompt_fused``: the
 fast backend on a CPU), adds that forward's seconds over all its tokens to ``t``'s line, and its drafting to
-``D``'s, but nothing to the shapes or the calibration below (a server at saturation feeds prompts on most steps:
-without them the line kept the warm-up's few steps, whose slope of about 0 priced every draft as free).
+``D``'s, but nothing to the shapes or the calibration below. A server at saturation feeds prompts on most steps:
+without them the line kept the few steps that fed none, at 64 streams of the ``1b`` shape on a 2-core CPU mostly
+the warm-up's one- and two-row steps, whose slope of about 0 priced every draft as free (and the prompt tokens'
+weight at nothing).
 
 A drafter asked for a draft need not propose one: an n-gram lookup finds no match on about 40% of
 the embedded pair's steps at one row (code and Spec-Bench). A row that proposes nothing emits its one
@@ -29,6 +31,8 @@ width like every row. So each row also has ``p_b``, the measured probability tha
 proposes when asked (decayed counts per sequence, with the pool's rate as prior, like acceptance):
 its drafts are worth ``p_b (E_b(k_b) − 1)`` tokens and feed ``p_b k_b`` tokens in expectation
 (:func:`choose_ks`; one row is a drafting step with probability ``p_b``, a plain one otherwise).
+Without it a padded batch of 16 rows, many of them without a match, was charged for the grid yet
+credited with tokens those rows never emitted, and drafted too wide.
 
 A target's cost is a line only roughly: kernels work in tiles, and a GPU replays a CUDA graph
 captured for a bucket of shapes, so ``t`` climbs in steps (on the embedded pair's CPU, 17 tokens
@@ -58,8 +62,9 @@ the tokens of a speculative step: the period doubles after each probe taken ther
 periods at most), and falls back to ``probe_every`` at the first step that is not far. The
 speculative probes back off the same way (up to ``FAR_BELOW_PROBES`` periods) where speculation is
 off and the model (uncalibrated) predicts the probe itself below ``1 / FAR_ABOVE`` times plain
-decoding (at 16 rows on a 2-core CPU a probe of 2 tokens a row cost about three plain steps). The model alone
-decides it, as the probe's shape is measured after two probes: where
+decoding: at 16 rows on a 2-core CPU a probe of 2 tokens a row costs about three plain steps, and
+probing every 16 steps cost such a batch 8–9% (methods that never paid ran 0.91–0.92x plain at the
+``1b`` shape). The model alone decides it, as the probe's shape is measured after two probes: where
 only the calibration keeps speculation off (the model would speculate), the probes stay every
 ``probe_every`` steps, as they are what moves the calibration back when speculating pays again. The first
 step of each shape (rows, tokens, width) is not timed (it pays one-time set-up: kernel selection, CUDA graph
@@ -86,8 +91,9 @@ count: cost errors depend on the batch's shape, and a row count seen too briefly
 ways is left to the model. A drafter's catch-up (:meth:`specdec.drafters.base.Drafter.catch_up`: a draft
 model feeding the tokens of the steps it sat out, or the prompt it starts on lazily) is a cost of switching,
 paid once, not what drafting costs: counted, every probe while speculation was off paid the whole pause's
-catch-up (at the ``1b`` shape on a 2-core CPU 0.1-0.2 s against 0.05 s for a draft), and speculation stayed off
-however well its probes were accepted. A drafter whose catch-up is part of its proposal's one
+catch-up (a draft model's forward over 16 tokens and more, 0.1-0.2 s against 0.05 s for a draft at the
+``1b`` shape on a 2-core CPU), which priced one draft over a bound of 1.25 at one stream, so speculation
+stayed off however well its probes were accepted. A drafter whose catch-up is part of its proposal's one
 forward (an EAGLE layer feeding its buffered features) has it counted still.
 
 The policy's own work is part of every step (tens of microseconds of Python, against steps of a few
@@ -122,8 +128,7 @@ probe could measure nothing that turns speculation on there: every drafting step
 model itself. The most tokens per second within a bound on the worst gap.
 
 A probe while speculation is off drafts only the rows least behind, as does every drafting step under a bound (in
-what the bound leaves of the step, once the catch-up's seconds a position are measured, where a drafter that
-``absorbs`` feeds the rows cut part of their backlog instead, :meth:`AdaptiveK.absorbing`): :mod:`specdec.catch_up`.
+what the bound leaves of the step, once the catch-up's seconds a position are measured): :mod:`specdec.catch_up`.
 
 Such a probe also waits for a step that feeds no prompt tokens (chunked prefill: the prefill pacer leaves one
 every few steps, and a server with no prompt to feed feeds none). On a step feeding a prompt chunk, the probe's
@@ -142,7 +147,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from specdec.acceptance import Acceptance, ProposalRate
-from specdec.catch_up import CatchUpRate, absorbed, least_behind, seconds_budget
+from specdec.catch_up import CatchUpRate, least_behind, seconds_budget
 from specdec.k_choice import choose_ks, predicted_speedup
 from specdec.k_schedule import FixedK, ScheduledK
 from specdec.metrics import BatchMetrics
@@ -171,11 +176,8 @@ class AdaptiveK:
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
                  cost_decay: float = 0.95, draft_decay: float = 0.9, guard_decay: float = 0.9,
-                 shape_decay: float = 0.9, padded: bool = False, max_step_ratio: float | None = None,
-                 absorbs: bool = False) -> None:
-        """``absorbs``: the drafter can feed part of a row's backlog without drafting (:mod:`specdec.catch_up`)."""
+                 shape_decay: float = 0.9, padded: bool = False, max_step_ratio: float | None = None) -> None:
         self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
-        self.absorbs = absorbs
         self.max_step_ratio = max_step_ratio  # the most a drafting step may cost, in plain steps (None: any)
         self.pool = Acceptance(max_k, pool_decay, prior_weight=1.0, carry=True)
         self.prior = [PRIOR_ACCEPTANCE] * max_k  # the pool's, before anything was measured
@@ -187,7 +189,6 @@ class AdaptiveK:
         self.asked: list[int] = []  # the ks of the step chosen last, row by row
         self.drafted: set[str] = set()  # the requests that drafted on the step observed last
         self.joining = 0  # positions the rows joining the drafting caught up on, on the step chosen last
-        self.absorb: list[int] | None = None  # positions each row feeds its drafter without drafting, same step
         self.catch_up = CatchUpRate(draft_decay)  # the drafter's seconds per position caught up on
         self.seen: set[tuple[int, int, int]] = set()  # (rows, tokens, width) of steps timed so far
         self.widest: dict[int, int] = {}  # rows -> the widest draft of a step timed at that row count
@@ -285,7 +286,7 @@ class AdaptiveK:
         row drafts (the queue's weight, :mod:`specdec.k_choice`)."""
         limits = [min(self.max_k, limit) for limit in limits]
         self.steps += 1
-        self.joining, self.absorb = 0, None
+        self.joining = 0
         if not any(limits):  # no row may draft (every one is at its last token): nothing to choose or probe
             self.asked = [0] * len(limits)
             return self.asked
@@ -367,17 +368,9 @@ class AdaptiveK:
         if self.max_step_ratio is not None and cost is not None and rate is not None:
             price, budget = seconds_budget(ks, behind, drafting, cost, self.max_step_ratio, rate, self.padded,
                                            prompt_tokens)
-        absorbs = self.absorbs and price is not None
-        cut = least_behind(ks, behind, drafting, price, budget, first_always=not absorbs)
-        if absorbs:
-            self.absorb = absorbed(ks, cut, behind, drafting, price, budget, rate)
-        self.joining = sum(n for n, k, d in zip(behind, cut, drafting) if k and not d) + sum(self.absorb or ())
+        cut = least_behind(ks, behind, drafting, price, budget)
+        self.joining = sum(n for n, k, d in zip(behind, cut, drafting) if k and not d)
         return cut
-
-    def absorbing(self) -> list[int] | None:
-        """Positions of its backlog each row's drafter feeds without drafting on the step chosen last (``[B]``), or
-        None where none does (:func:`specdec.catch_up.absorbed`)."""
-        return self.absorb if self.absorb and any(self.absorb) else None
 
     def _may_probe(self, ks: list[int], prompt_tokens: int) -> bool:
         """Whether a step deciding ``ks`` and feeding ``prompt_tokens`` may be a probe that is due: a probe of
@@ -494,13 +487,13 @@ class AdaptiveK:
 
 def make_policy(num_speculative_tokens: int | str, max_k: int, padded: bool = False,
                 schedule: tuple[tuple[int, int], ...] | None = None,
-                max_step_ratio: float | None = None, absorbs: bool = False) -> FixedK | AdaptiveK | ScheduledK:
+                max_step_ratio: float | None = None) -> FixedK | AdaptiveK | ScheduledK:
     """The policy of a ``num_speculative_tokens`` setting: ``"auto"`` (at most ``max_k``; ``padded``:
     the target's forward pads every row to the longest; ``max_step_ratio``: the bound on a drafting step's
-    predicted cost in plain steps; ``absorbs``: the drafter's; see :class:`AdaptiveK`) or a fixed k; a
+    predicted cost in plain steps; see :class:`AdaptiveK`) or a fixed k; a
     ``num_speculative_tokens_per_batch_size`` ``schedule`` (:mod:`specdec.k_schedule`) overrides both."""
     if schedule is not None:
         return ScheduledK(schedule)
     if num_speculative_tokens == AUTO:
-        return AdaptiveK(max_k, padded=padded, max_step_ratio=max_step_ratio, absorbs=absorbs)
+        return AdaptiveK(max_k, padded=padded, max_step_ratio=max_step_ratio)
     return FixedK(max_k)

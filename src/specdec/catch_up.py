@@ -14,15 +14,6 @@ The rule. The rows drafting keep their drafts. Of the rows joining, the least be
 earlier row), and the next least behind as long as the joining rows' backlogs add up to at most
 ``CATCH_UP_BUDGET`` positions per row of the step. The others draft nothing this step and join on a later one.
 
-Absorbing. A drafter that can feed part of a row's backlog without drafting (``Drafter.absorbs``: a draft model)
-spreads a catch-up too large for one step over several: under a bound, once the rate below is measured, a row
-joins only where its price fits (the least behind no longer always), and the rows cut for their catch-up, the
-least behind first, feed what the budget leaves after the rows joining (:func:`absorbed`), so a row joins once
-what it has left fits. A new row's first draft had fed its whole prompt in one step: at 4 streams at the ``1b``
-shape, a draft model's 96 prompt positions took about 40 ms on top of a drafting step bounded at 1.25 plain steps
-(``docs/lab-notes/2026-11-30-absorb.md``). A drafter that cannot (an EAGLE layer, whose catch-up is its proposal's
-own forward) keeps the least behind joining always: it would never join otherwise.
-
 The budget in seconds. Under a bound, once the drafter's seconds per position caught up on are measured
 (:class:`CatchUpRate`, on the drafting steps that rows joined), the budget is what the bound leaves of the step's
 predicted time with the rows drafting alone, and a joining row costs its backlog at that rate and the tokens its
@@ -54,40 +45,23 @@ RATE_EVIDENCE = 1.5  # decayed steps with rows joining (two) before the rate per
 
 
 def least_behind(ks: list[int], backlog: list[int], drafting: list[bool] | None = None,
-                 price: list[float] | None = None, budget: float | None = None, first_always: bool = True
-                 ) -> list[int]:
+                 price: list[float] | None = None, budget: float | None = None) -> list[int]:
     """``ks`` (per row, ``[B]``) kept for the rows drafting (``drafting[b]``: row ``b`` drafted on its previous
     step; none where not given) and for the joining rows with the least ``backlog`` (``[B]``, positions), the first
-    always (unless not ``first_always``) and then as long as their ``price`` (``[B]``; the backlog where not given)
-    adds up to at most ``budget`` (``CATCH_UP_BUDGET`` per row of the step where not given); 0 for the others (see
-    the module docstring). A row with ``ks[b] == 0`` is no candidate."""
+    always and then as long as their ``price`` (``[B]``; the backlog where not given) adds up to at most
+    ``budget`` (``CATCH_UP_BUDGET`` per row of the step where not given); 0 for the others (see the module
+    docstring). A row with ``ks[b] == 0`` is no candidate."""
     drafting = drafting or [False] * len(ks)
     price = backlog if price is None else price
     budget = CATCH_UP_BUDGET * len(ks) if budget is None else budget
     kept = {b for b, k in enumerate(ks) if k > 0 and drafting[b]}
-    total, joined = 0.0, not first_always
+    total, joined = 0.0, False
     for b in sorted((b for b, k in enumerate(ks) if k > 0 and not drafting[b]), key=lambda b: (backlog[b], b)):
         if joined and total + price[b] > budget:
             break
         kept.add(b)
         total, joined = total + price[b], True
     return [k if b in kept else 0 for b, k in enumerate(ks)]
-
-
-def absorbed(ks: list[int], cut: list[int], backlog: list[int], drafting: list[bool], price: list[float],
-             budget: float, per_position: float) -> list[int]:
-    """Positions of its ``backlog`` (``[B]``) each row cut for its catch-up (``ks[b] > 0``, ``cut[b] == 0``) feeds
-    its drafter without drafting, the least behind first, at ``per_position`` seconds each, in what ``budget``
-    leaves after the ``price`` of the rows joining (``cut[b] > 0``, not ``drafting[b]``: the rows drafting are
-    outside the budget, :func:`seconds_budget`). ``[B]``, 0 for every other row (see the module docstring)."""
-    left = budget - sum(p for p, k, d in zip(price, cut, drafting) if k and not d)
-    plan = [0] * len(ks)
-    for b in sorted((b for b, k in enumerate(ks) if k > 0 and not cut[b]), key=lambda b: (backlog[b], b)):
-        n = min(backlog[b], int(left // per_position)) if per_position > 0 else backlog[b]
-        if n <= 0:
-            break
-        plan[b], left = n, left - n * per_position
-    return plan
 
 
 def seconds_budget(ks: list[int], backlog: list[int], drafting: list[bool], cost: CostModel, max_step_ratio: float,

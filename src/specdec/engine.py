@@ -274,18 +274,14 @@ class Engine:
         #    A probe while speculation is off drafts the rows whose drafters have the least to catch up.
         #    The prompt tokens fed besides are priced with the drafts; while a queue waits past the next step,
         #    auto k drafts nothing, and a probe while off waits for a step that feeds no prompt.
-        #    The drafter first catches up on what it has not absorbed (timed apart: a switching cost); under a
-        #    bound, rows whose catch-up does not fit the step feed part of it without drafting (absorb).
+        #    The drafter first catches up on what it has not absorbed (timed apart: a switching cost).
         ks = self.policy.choose(seqs, [max(0, min(self.k, s.remaining - 1)) for s in seqs],
                                 self.drafter.backlog if self.drafter is not None else None, sum(chunks), prompt_backlog)
-        draft, absorb = None, self.policy.absorbing()
-        if self.drafter is not None and (any(ks) or absorb):
+        draft = None
+        if self.drafter is not None and any(ks):
             self.drafter.catch_up(seqs, ks)
-            if absorb:
-                self.drafter.absorb(seqs, absorb)
             clock.lap("catch_up")
-            if any(ks):
-                draft = self.drafter.propose(seqs, ks, sampling)
+            draft = self.drafter.propose(seqs, ks, sampling)
         if constrained:  # drafts cut at their first invalid token; the masks of every verified position
             draft, masks = self._constrain(grammars, draft, sampling)
         width = draft.tokens.shape[1] if draft is not None else 0

@@ -88,9 +88,6 @@ class ScheduledK:
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
         """A schedule learns nothing."""
 
-    def absorbing(self) -> None:
-        """No row feeds its drafter without drafting (see :meth:`specdec.adaptive.AdaptiveK.absorbing`)."""
-
     def release(self, seq: Sequence) -> None:
         """Nothing is kept per sequence."""
 
@@ -114,9 +111,6 @@ class FixedK:
 
     def observe(self, seqs: list[Sequence], num_drafted: list[int], num_accepted: list[int], step: StepCost) -> None:
         """A fixed k learns nothing."""
-
-    def absorbing(self) -> None:
-        """No row feeds its drafter without drafting (see :meth:`specdec.adaptive.AdaptiveK.absorbing`)."""
 
     def release(self, seq: Sequence) -> None:
         """Nothing is kept per sequence."""

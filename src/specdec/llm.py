@@ -208,7 +208,7 @@ class LLM:
         k = speculative_config.max_k if speculative_config else 0
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size,
-                              speculative_config.max_step_time_ratio, drafter.absorbs)
+                              speculative_config.max_step_time_ratio)
                   if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
                              enable_prefix_caching, deterministic)

@@ -284,8 +284,6 @@ class Drafter(ABC):
     #: Whether the method's chain drafts are deterministic and cost microseconds (a lookup): the auto method
     #: then asks it for a draft on every step, drafted with or not, and scores it against the emitted tokens.
     shadow_drafts: ClassVar[bool] = False
-    #: Whether the method can feed part of a row's :meth:`backlog` to its own model without drafting (``absorb``).
-    absorbs: ClassVar[bool] = False
 
     @classmethod  # noqa: B027 - an optional hook, not abstract
     def check_config(cls, config: SpeculativeConfig) -> None:
@@ -342,12 +340,6 @@ class Drafter(ABC):
         cost, paid once after steps without drafts (and on a prompt, where the drafter starts lazily), not what a
         drafting step costs (:class:`specdec.adaptive.AdaptiveK`). A drafter whose catch-up is part of its
         proposal's one forward (an EAGLE layer feeding its buffered features) keeps this default."""
-
-    def absorb(self, seqs: list[Sequence], positions: list[int]) -> None:
-        """With ``absorbs``: feed the drafter's own model the first ``positions[b]`` positions of row ``b``'s
-        :meth:`backlog` without drafting (at most what :meth:`catch_up` would feed), so that a catch-up too long
-        for one step under a bound is paid over several (:mod:`specdec.catch_up`); timed with the catch-up."""
-        raise NotImplementedError(f"the {self.method} drafter does not absorb a backlog in parts")
 
     def kv_pools(self) -> list[KVCache]:
         """The drafter's own KV pools, slot for slot the target's: the scheduler keeps each step's growth

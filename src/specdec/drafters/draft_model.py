@@ -50,7 +50,6 @@ class DraftModelDrafter(DraftLM):
     needs_model = True
     confidence_stop = True
     draft_vocab = True
-    absorbs = True
 
     def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, threshold: float | None = None,
                  vocab: DraftVocab | None = None, num_blocks: int | None = None, prefix_caching: bool = False) -> None:
@@ -127,18 +126,8 @@ class DraftModelDrafter(DraftLM):
         """Feed each row's committed tokens the slot lacks but its last two (a prompt, the tokens of the steps it
         sat out) in prefill forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows: the
         proposal's own forward then feeds at most two tokens a row, the shape of every step after a draft."""
-        self._feed(seqs, [len(s.token_ids) - 2 for s in seqs])
-
-    def absorb(self, seqs: list[Sequence], positions: list[int]) -> None:
-        """Feed each row's slot the next ``positions[b]`` committed tokens it lacks, within what :meth:`_catch_up`
-        feeds (a row whose context is past the draft's does not draft, and is fed nothing)."""
-        self._feed(seqs, [min(self.cache.lengths[s.slot] + n, len(s.token_ids) - 2) if len(s.token_ids) <= self.capacity
-                          else 0 for s, n in zip(seqs, positions)])
-
-    def _feed(self, seqs: list[Sequence], ends: list[int]) -> None:
-        """Feed each row's slot its committed tokens from its cached length up to ``ends[b]`` (exclusive) in prefill
-        forwards."""
-        fed = [(s.token_ids[c:end], c, s.slot) for s, end in zip(seqs, ends) if end > (c := self.cache.lengths[s.slot])]
+        fed = [(s.token_ids[c:-2], c, s.slot) for s in seqs
+               if len(s.token_ids) - 2 > (c := self.cache.lengths[s.slot])]
         for batch in prefill_batches([f[0] for f in fed], [f[2] for f in fed], self.model.device,
                                      starts=[f[1] for f in fed]):
             self.model.forward(batch, self.cache)

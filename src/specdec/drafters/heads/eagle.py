@@ -112,7 +112,6 @@ class EagleDrafter(HeadDrafter):
     method = "eagle"
     tree_drafts = True
     fuses_features = True
-    absorbs = True
     description = ("EAGLE: one-layer feature drafter on the target's hidden states (trained folder, embedded "
                    "for the default pair, or a published EAGLE-1/2/3 head)")
 
@@ -190,37 +189,6 @@ class EagleDrafter(HeadDrafter):
     def release(self, seq: Sequence) -> None:
         super().release(seq)
         self.cache.release(seq.slot)
-
-    @torch.inference_mode()
-    def absorb(self, seqs: list[Sequence], positions: list[int]) -> None:
-        """Feed each row's layer its first ``positions[b]`` buffered (feature, next token) pairs, at most all but the
-        last, which the proposal's own forward feeds to draft from; no logits."""
-        device, cache = self.target.device, self.cache
-        rows, features, pair_tokens, pair_positions, cu = [], [], [], [], [0]
-        for s, n in zip(seqs, positions):
-            buffered = self.take_features(s) if n > 0 else None
-            if buffered is None:
-                continue
-            m = min(n, buffered.shape[0] - 1)
-            self.features[s.request_id] = [buffered[max(m, 0):]]
-            if m <= 0:
-                continue
-            start = cache.lengths[s.slot]
-            rows.append(s)
-            features.append(buffered[:m])
-            pair_tokens.extend(s.token_ids[start + 1 : start + 1 + m])
-            pair_positions.extend(range(start, start + m))
-            cu.append(cu[-1] + m)
-        if not rows:
-            return
-        host = to_device(pair_tokens + pair_positions, device)
-        n = len(pair_tokens)
-        batch = ForwardBatch(host[:n], host[n:], [s.slot for s in rows], cu,
-                             logits_rows=torch.empty(0, dtype=torch.long, device=device))
-        batch.input_hidden = self._inputs(self.module.fused(torch.cat(features)), host[:n])
-        committed = {s.slot: cache.lengths[s.slot] + c for s, c in zip(rows, batch.num_tokens)}
-        self.layer.forward(batch, cache)  # no logits: not through _forward, whose draft vocabulary would expand them
-        self._commit(rows, committed)
 
     def _forward(self, batch: ForwardBatch) -> ForwardOutput:
         """The layer's forward over its pool, logits ``[M, V]`` (scored with the draft vocabulary, if any)."""
