@@ -129,14 +129,14 @@ def test_chat_clients_sharing_a_queue_never_run_out_halfway():
 
 
 def test_bench_serve_chat_fills_more_conversations_than_questions(tmp_path, capsys):
-    """The chat workload cycles its questions (as the code workload cycles its prompts): more conversations than
-    the questions make are served whole."""
+    """The chat workload cycles its questions (as the code workload cycles its prompts): 24 conversations of three
+    turns at 4 streams ask 72 questions of the 64 there are (four per stream, at least 64), and are served whole;
+    taking a question a turn from the 64, they failed with an IndexError."""
     out = tmp_path / "chat.json"
     assert main(["bench-serve", "--in-process", "--methods", "plain", "--workloads", "chat", "--concurrency", "4",
-                 "--num-requests", "12", "--num-prompts", "5", "--max-tokens", "2", "--warmup", "0",
-                 "--json", str(out)]) == 0
+                 "--num-requests", "72", "--max-tokens", "2", "--warmup", "0", "--json", str(out)]) == 0
     [row] = json.loads(out.read_text())["rows"]
-    assert row["workload"] == "chat" and row["requests"] == 12  # 4 conversations of 3 turns from 5 questions
+    assert row["workload"] == "chat" and row["requests"] == 72
 
 
 def test_flood_stops_with_the_measured_streams(tiny):
