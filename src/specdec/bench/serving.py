@@ -89,8 +89,8 @@ class ChatClient(Client):
             if not self.conversations or len(self.questions) < CHAT_TURNS:
                 return None
             self.conversations.pop()
-            self.turns, self.questions[:CHAT_TURNS] = self.questions[:CHAT_TURNS], []
-            self.history = []
+            self.turns, self.history = self.questions[:CHAT_TURNS], []
+            del self.questions[:CHAT_TURNS]
         self.history += self.turns.pop(0)
         return self.prefix + self.history
 
@@ -314,7 +314,7 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
             elif workload == "chat":
                 conversations = list(range(max(c, (args.num_requests or 2 * c) // CHAT_TURNS)))
                 asked = workloads["chat_questions"]  # cycled, as the code prompts are, to fill every conversation
-                questions = [list(asked[i % len(asked)]) for i in range(CHAT_TURNS * len(conversations))]
+                questions = [asked[i % len(asked)] for i in range(CHAT_TURNS * len(conversations))]  # never mutated
                 clients = [ChatClient(workloads["chat_prefix"], questions, conversations) for _ in range(c)]
                 traces, seconds = drive(llm, clients, params)
                 record(workload, c, traces, seconds, before)
