@@ -15,6 +15,9 @@ used it.
 - ``--change prompt-bound``: under a bound, a drafting step's prompt tokens count in the step the bound applies to
   (``specdec.k_choice``), against bounding the step without them (``choose_ks`` as of commit ``483227f``, read
   from git).
+- ``--change fold``: a draft model whose drafting rows are a few positions behind feeds their backlog in its
+  proposal's first forward (``DraftModelDrafter._folds``), against a catch-up forward of its own for every backlog
+  of more than two tokens a row.
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -33,10 +36,12 @@ from specdec import adaptive
 from specdec.adaptive import AdaptiveK
 from specdec.bench import interleaved
 from specdec.catch_up import CatchUpRate
+from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.scheduler import Scheduler
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
+FOLDS = DraftModelDrafter._folds
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
@@ -75,6 +80,11 @@ def always(self, seqs, model, backlog):
     return True
 
 
+def apart(self, seqs):
+    """No backlog fed by the proposal: a catch-up forward of its own for every row more than two tokens behind."""
+    return False
+
+
 def install(change: str, new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
     Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
@@ -83,12 +93,13 @@ def install(change: str, new: bool) -> None:
     CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
     AdaptiveK._cheapest_fits = FITS if new or change != "within-bound" else always
     adaptive.choose_ks = CHOOSE if new or change != "prompt-bound" else choose_before()
+    DraftModelDrafter._folds = FOLDS if new or change != "fold" else apart
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True,
-                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound"))
+                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

@@ -698,7 +698,8 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
     gets every prompt feature but the pending token's); one more per step the row sits out; and a proposal
     catches all of it up. The draft model catches up in ``catch_up``, which the engine calls first and times
     apart (the policy sees it as ``catch_up_seconds``, within the drafting time), down to the two tokens the
-    proposal's own forward feeds; an EAGLE layer catches up in its proposal's one forward."""
+    proposal's own forward feeds (a backlog of more than ``FOLD_WIDTH`` positions here: a smaller one is fed by the
+    proposal, ``test_draft_catch_up.py``); an EAGLE layer catches up in its proposal's one forward."""
     from test_heads import make_heads
 
     dirs = model_dirs["llama"]
@@ -708,7 +709,7 @@ def test_backlog_is_what_the_next_proposal_catches_up_on(model_dirs, tmp_path, m
         make_heads(AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float64), "eagle", tmp_path, 3)
         config = {"method": method, "model": str(tmp_path), "num_speculative_tokens": 2}
     llm = LLM(dirs["target"], dtype="float64", speculative_config=config)
-    prompt = [(5 * i) % 50 + 3 for i in range(11)]
+    prompt = [(5 * i) % 50 + 3 for i in range(21)]
     llm.submit({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     engine, drafter = llm.engine, llm.engine.drafter
     engine.policy.choose = lambda seqs, limits, *_: [0] * len(seqs)  # sit out

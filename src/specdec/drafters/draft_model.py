@@ -22,9 +22,20 @@ from specdec.drafters.draft_lm import DraftLM
 from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
+from specdec.models.grid import WIDE_TOKENS
 from specdec.models.loader import load_tokenizer
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+
+FOLD_WIDTH = WIDE_TOKENS
+"""The most positions a row's backlog may hold for its catch-up to be fed by the proposal's own forward
+(:meth:`DraftModelDrafter._folds`): a CPU chain forward's widest row not bucketed like a prefill's."""
+FOLD_CELLS = 64
+"""The most grid cells a folded catch-up may add to the proposal's first forward (rows x positions beyond two). At
+the ``1b`` shape's draft in bfloat16 on a 2-core CPU a forward of two tokens a row took 0.024 s at 1 row, 0.024 s at
+4, 0.043 s at 16 and 0.077 s at 64; three tokens a row 0.023, 0.026, 0.048 and 0.078 s; four 0.021, 0.028, 0.054 and
+0.087 s; eight 0.022, 0.028, 0.061 and 0.137 s: 64 cells more cost about 0.01 s or less, a catch-up forward of its own
+0.02 s or more (``docs/lab-notes/2026-11-30-folded-catch-up.md``)."""
 
 
 @register_drafter
@@ -125,12 +136,27 @@ class DraftModelDrafter(DraftLM):
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Feed each row's committed tokens the slot lacks but its last two (a prompt, the tokens of the steps it
         sat out) in prefill forwards, as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows: the
-        proposal's own forward then feeds at most two tokens a row, the shape of every step after a draft."""
+        proposal's own forward then feeds at most two tokens a row, the shape of every step after a draft. Where
+        the proposal's forward can feed the whole backlog for little more (:meth:`_folds`), nothing is fed here."""
+        if self._folds(seqs):
+            return
         fed = [(s.token_ids[c:-2], c, s.slot) for s in seqs
                if len(s.token_ids) - 2 > (c := self.cache.lengths[s.slot])]
         for batch in prefill_batches([f[0] for f in fed], [f[2] for f in fed], self.model.device,
                                      starts=[f[1] for f in fed]):
             self.model.forward(batch, self.cache)
+
+    def _folds(self, seqs: list[Sequence]) -> bool:
+        """Whether the proposal's first forward feeds the rows ``seqs`` (those drafting) their whole backlog, a
+        catch-up of a few positions (the steps a row sat out) costing no forward of its own: where the backlog is
+        more than the two tokens a row, the widest row's is at most :data:`FOLD_WIDTH` and the grid's cells beyond
+        the two-token forward's (``rows x`` the extra width) at most :data:`FOLD_CELLS`. Not under CUDA graphs,
+        whose captured shapes serve the two-token forward."""
+        if getattr(self.model, "use_cuda_graphs", False):
+            return False
+        behind = self.backlog(seqs)
+        widest = max(behind, default=0)
+        return 2 < widest <= FOLD_WIDTH and len(seqs) * (widest - min(widest, 2)) <= FOLD_CELLS
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
         ks = self._fitting(seqs, ks)
