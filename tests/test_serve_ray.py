@@ -119,8 +119,10 @@ def _metric(root: str, name: str) -> dict[str, float]:
     return dict(values)
 
 
-def _stream(root: str, body: dict, results: list, index: int, stop_after: int | None = None) -> None:
-    """Stream a completion; ``results[index]`` = (status, events); closes after ``stop_after`` events."""
+def _stream(root: str, body: dict, results: list, index: int, stop_after: int | None = None,
+            seen: list[int] | None = None) -> None:
+    """Stream a completion; ``results[index]`` = (status, events); closes after ``stop_after`` events;
+    ``seen[index]``: the events received so far, as they arrive."""
     events: list = []
     try:
         with httpx.stream("POST", root + "/v1/completions", json={**body, "stream": True}, headers=AUTH,
@@ -129,6 +131,8 @@ def _stream(root: str, body: dict, results: list, index: int, stop_after: int | 
                 if line.startswith("data: "):
                     data = line.removeprefix("data: ")
                     events.append(data if data == "[DONE]" else json.loads(data))
+                    if seen is not None:
+                        seen[index] = len(events)
                     if stop_after is not None and len(events) >= stop_after:
                         break
             results[index] = (response.status_code, events)
@@ -197,16 +201,21 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_the_survivor
     pids = replicas.replica_pids()
     assert len(pids) == 2, pids
     results: list = [None] * 6
-    # long enough that all six are seen running: each replica's metrics reach the proxy every 2 s
+    seen = [0] * 6
+    # The kill comes once every stream has its first tokens, seen by its client: the proxy's metrics are up to a
+    # push interval (2 s) old, and waiting for them to show all six running let a replica finish its requests
+    # before the kill (under a second worker's load). The router spreads six requests over both replicas.
     body = {"prompt": "def sort(items):", "max_tokens": 400, "ignore_eos": True}
-    threads = [threading.Thread(target=_stream, args=(replicas.root, body, results, i)) for i in range(6)]
+    threads = [threading.Thread(target=_stream, args=(replicas.root, body, results, i), kwargs={"seen": seen})
+               for i in range(6)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
-    while sum(_metric(replicas.root, "vllm:num_requests_running").values()) < 6:  # all admitted and running
+    while min(seen) < 1:  # all admitted and running
         assert time.monotonic() < deadline, "the requests did not start"
-        time.sleep(0.2)
+        time.sleep(0.02)
     os.kill(pids[0], signal.SIGKILL)
+    assert all(r is None for r in results), "a request finished before the kill"
     for t in threads:
         t.join(180)
     assert not any(t.is_alive() for t in threads), "a request hangs"
