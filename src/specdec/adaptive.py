@@ -393,7 +393,7 @@ class AdaptiveK:
         over the bound on a drafting step's time, every row proposing (False without a bound)."""
         if self.max_step_ratio is None:
             return False
-        return model.seconds(self._fed(ks), max(ks)) + catch_up > self.max_step_ratio * model.target_seconds(len(ks))
+        return model.left_in_bound(self.max_step_ratio, len(ks), self._fed(ks), max(ks)) < catch_up
 
     def drafting_scale(self, rows: int) -> float | None:
         """How much more (or less) drafting steps over ``rows`` rows measured than the model predicted,
@@ -434,7 +434,7 @@ class AdaptiveK:
         if step.prompt_tokens:  # prompt chunks fed: not its shape's time, but its forward's over all its tokens
             if step.prompt_fused:
                 self._add_target(cost, step.num_tokens + step.prompt_tokens, step.target_seconds)
-            self._add_drafting(step, last_width, cost)
+            self._add_drafting(step, last_width)
             return
         shape = (len(seqs), step.num_tokens, step.width)
         if shape not in self.seen:  # the first step of a shape pays one-time set-up (kernels, graphs)
@@ -456,7 +456,7 @@ class AdaptiveK:
         shapes = self.shapes.setdefault(len(seqs), {})
         weight, seconds, _ = shapes.get(step.num_tokens, (0.0, 0.0, 0))
         shapes[step.num_tokens] = (weight * self.shape_decay + 1.0, seconds * self.shape_decay + target, self.steps)
-        self._add_drafting(step, last_width, cost)
+        self._add_drafting(step, last_width)
 
     def _add_target(self, cost: CostModel | None, num_tokens: int, seconds: float) -> float:
         """Add a timed forward over ``num_tokens`` tokens to the target's line (a hiccup of the machine counts as
@@ -470,11 +470,11 @@ class AdaptiveK:
         self.target.add(num_tokens, seconds)
         return seconds
 
-    def _add_drafting(self, step: StepCost, last_width: int, cost: CostModel | None) -> None:
+    def _add_drafting(self, step: StepCost, last_width: int) -> None:
         """Add a drafting step's drafting seconds to the drafting line. After a step without drafts the drafter
         first catches up on the tokens it missed: not the cost of a drafting step in the steady state."""
         if step.width and last_width:
-            draft = (cost.draft_fixed, cost.draft) if cost is not None else self.draft_cost()
+            draft = self.draft_cost()  # the line as measured so far, as the catch-up's rate takes it
             seconds = step.draft_seconds - step.catch_up_seconds  # a prompt caught up on (a row just started)
             if draft is not None:
                 seconds = min(seconds, OUTLIER * (draft[0] + draft[1] * step.width))

@@ -73,7 +73,7 @@ def seconds_budget(ks: list[int], backlog: list[int], drafting: list[bool], cost
     width = max(ks)
     staying = [k if d else 0 for k, d in zip(ks, drafting)]
     fed = tokens_fed(staying, width, padded) + prompt_tokens
-    budget = max_step_ratio * cost.target_seconds(len(ks)) - cost.seconds(fed, width)
+    budget = cost.left_in_bound(max_step_ratio, len(ks), fed, width)
     verify = 0.0 if padded else cost.slope * cost.drafting_scale
     return [per_position * n + verify * k for n, k in zip(backlog, ks)], budget
 

@@ -112,6 +112,11 @@ class CostModel:
         """A step feeding ``num_tokens`` tokens, ``width`` draft positions (0: a plain step)."""
         return self.with_drafting(self.target_seconds(num_tokens), width)
 
+    def left_in_bound(self, max_step_ratio: float, rows: int, num_tokens: int, width: int) -> float:
+        """What a step of ``rows`` rows feeding ``num_tokens`` tokens and ``width`` draft positions leaves of
+        ``max_step_ratio`` plain steps of its rows (negative: over the bound)."""
+        return max_step_ratio * self.target_seconds(rows) - self.seconds(num_tokens, width)
+
     def with_drafting(self, target: float, width: int) -> float:
         """A step's seconds from its target part ``target`` (:meth:`target_seconds`) and its ``width``."""
         return (target + self.draft_fixed + self.draft * width) * self.drafting_scale if width else target
