@@ -62,7 +62,7 @@ class DraftLM(Drafter):
     @abstractmethod
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Feed each of ``seqs`` what the proposal's own forward will not: the context its pool lacks but its
-        last two tokens."""
+        last two tokens (nothing, where the proposal's forward feeds it all)."""
 
     @staticmethod
     def load_model(config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> CausalLM:

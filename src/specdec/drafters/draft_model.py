@@ -156,7 +156,7 @@ class DraftModelDrafter(DraftLM):
             return False
         behind = self.backlog(seqs)
         widest = max(behind, default=0)
-        return 2 < widest <= FOLD_WIDTH and len(seqs) * (widest - min(widest, 2)) <= FOLD_CELLS
+        return 2 < widest <= FOLD_WIDTH and len(seqs) * (widest - 2) <= FOLD_CELLS
 
     def propose(self, seqs: list[Sequence], ks: list[int], sampling: SamplingBatch) -> DraftBatch:
         ks = self._fitting(seqs, ks)
