@@ -10,7 +10,7 @@ from specdec.drafters import draft_model
 PROMPTS = [[(5 * i) % 50 + 3 for i in range(6)], [(7 * i) % 40 + 5 for i in range(9)]]
 
 
-def drafting_after_sitting_out(model_dirs, steps: int) -> tuple[list[list[int]], list[list[int]], int, list[int]]:
+def drafting_after_sitting_out(model_dirs, steps: int) -> tuple[list[int], list[list[int]], int, list[int]]:
     """Two greedy rows sit out ``steps`` steps and then draft 4 positions: ``(their backlogs before the drafting
     step, the drafts, the draft model's forwards in the drafting step's catch-up, the backlogs after)``."""
     dirs = model_dirs["llama"]
