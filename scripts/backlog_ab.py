@@ -18,6 +18,9 @@ used it.
 - ``--change fold``: a draft model whose drafting rows are a few positions behind feeds their backlog in its
   proposal's first forward (``DraftModelDrafter._folds``), against a catch-up forward of its own for every backlog
   of more than two tokens a row.
+- ``--change probe-catch-up``: under a bound, a probe while speculation is off is taken where its cheapest form
+  (one row, one position) is predicted within the bound, its catch-up left out (``AdaptiveK._cheapest_fits``),
+  against pricing the catch-up of the row least behind at the measured rate (as of commit ``5794778``).
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -41,7 +44,7 @@ from specdec.scheduler import Scheduler
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
-FOLDS = DraftModelDrafter._folds
+FOLDS, CHOOSE_POLICY = DraftModelDrafter._folds, AdaptiveK.choose
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
@@ -85,13 +88,30 @@ def apart(self, seqs):
     return False
 
 
+def choose_keeping_backlog(self, seqs, limits, backlog=None, *args, **kwargs):
+    """``AdaptiveK.choose``, the step's rows and backlog kept for :func:`catch_up_priced`."""
+    self.step_seqs, self.step_backlog = seqs, backlog
+    return CHOOSE_POLICY(self, seqs, limits, backlog, *args, **kwargs)
+
+
+def catch_up_priced(self, rows, model):
+    """A probe's cheapest form fits with the catch-up of the row least behind at the measured rate besides."""
+    if self.max_step_ratio is None:
+        return True
+    rate, backlog = self.catch_up.per_position(), self.step_backlog
+    catch_up = rate * min(backlog(self.step_seqs)) if rate is not None and backlog is not None else 0.0
+    return model.left_in_bound(self.max_step_ratio, rows, self._fed([1] + [0] * (rows - 1)), 1) >= catch_up
+
+
 def install(change: str, new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
     Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
     AdaptiveK._may_probe = MAY_PROBE if new or change != "probe" else when_due
     AdaptiveK._caps = CAPS if new or change != "catch-up" else probes_only
     CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
-    AdaptiveK._cheapest_fits = FITS if new or change != "within-bound" else always
+    AdaptiveK._cheapest_fits = (always if change == "within-bound" else catch_up_priced) if not new and change in (
+        "within-bound", "probe-catch-up") else FITS
+    AdaptiveK.choose = CHOOSE_POLICY if new or change != "probe-catch-up" else choose_keeping_backlog
     adaptive.choose_ks = CHOOSE if new or change != "prompt-bound" else choose_before()
     DraftModelDrafter._folds = FOLDS if new or change != "fold" else apart
 
@@ -99,7 +119,8 @@ def install(change: str, new: bool) -> None:
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True,
-                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold"))
+                        choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold",
+                                 "probe-catch-up"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

@@ -10,7 +10,7 @@ a fast one does not switch the fast one off).
 """
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -169,6 +169,27 @@ def test_under_a_bound_the_catch_up_budget_is_in_seconds(pinned):
         assert world.policy.catch_up.per_position() == pytest.approx(cost, rel=0.01)
 
 
+def test_under_a_bound_a_row_far_behind_is_still_probed(pinned, monkeypatch):
+    """One row under a bound of 1.25, off (drafting measured slow), whose drafter is 100 positions behind at 0.02
+    plain steps a position (two plain steps of catch-up, where one draft leaves a quarter of one): the catch-up is
+    a cost of switching, so the probes still come, one position each, every ``probe_every`` steps. Priced in the
+    probe's check, no probe would come once the rate is measured: the longer off, the further behind."""
+    cost = 0.02 * PLAIN_SECONDS
+    world = World(slow_drafting, alpha=0.9, max_step_ratio=1.25, per_position=cost)
+    late = world.run(batch(1), 300, [100])[100:]
+    probes = [ks for probe, ks in late if any(ks)]
+    assert len(probes) >= len(late) // PROBE_EVERY - 1 and all(ks == [1] for ks in probes)
+    assert world.policy.catch_up.per_position() == pytest.approx(cost, rel=0.01)
+
+    def priced(self, rows, model):
+        rate = self.catch_up.per_position() or 0.0
+        return model.left_in_bound(self.max_step_ratio, rows, rows + 1, 1) >= rate * 100
+
+    monkeypatch.setattr(AdaptiveK, "_cheapest_fits", priced)
+    late = World(slow_drafting, alpha=0.9, max_step_ratio=1.25, per_position=cost).run(batch(1), 300, [100])[100:]
+    assert not any(any(ks) for _, ks in late)
+
+
 def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():
     """The budget in seconds, by hand: plain 16 rows cost 0.0116 s, a step drafting one position 0.0117 s
     (0.0116 + 0.0001 per token and 0.0005 a position) with no row drafting yet, so a bound of 1.25 leaves
@@ -183,9 +204,9 @@ def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():
     # The least behind first: 0.0005 s for a row 1 behind, then 0.0013 s for a row 3 behind (a third would not fit).
     assert policy._catching_up([1] * 16, seqs, lambda rows: [3] * 15 + [1], model) == [1] + [0] * 14 + [1]
     assert policy.joining == 4
-    # A probe's cheapest form, one row one position (0.0122 s), fits the bound with up to 0.0023 s of catch-up.
-    assert policy._cheapest_fits(seqs, model, lambda rows: [5] * 16)  # 0.0020 s
-    assert not policy._cheapest_fits(seqs, model, lambda rows: [6] * 15 + [9])  # 0.0024 s
+    # A probe's cheapest form, one row one position (0.0122 s), fits the bound; its catch-up is not priced.
+    assert policy._cheapest_fits(16, model)
+    assert not policy._cheapest_fits(16, replace(model, draft_fixed=0.0024))  # 0.0146 s: over 0.0145 s
 
 
 def test_under_a_bound_no_probe_where_one_draft_is_over_it(monkeypatch):

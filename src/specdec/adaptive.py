@@ -118,14 +118,17 @@ most ``max_step_ratio`` plain steps of the same rows, plain decoding included
 spread: steps of one shape for long), not every row's most; and no row drafts more than one position past
 the widest step timed at that row count, so the cost line is not trusted far past what was measured (it
 had eagle draft 8 where a step of 8 cost well over the bound at ``1b``). A probe the model (uncalibrated) predicts
-over the bound backs off as a probe priced far below plain decoding does: it is a step over the bound,
-and it pays every row's drafter catching up on the steps without drafts. A probe is not taken at all where even
-its cheapest form, the row least behind drafting one position, is predicted so (uncalibrated, its catch-up priced
-once measured: :mod:`specdec.catch_up`), as on a padded grid at a row count where the target's forward is bound by
-arithmetic: one draft doubles the grid (at 64 streams at ``1b`` on a 2-core CPU, probes of one to three rows took
-1.3-1.8 plain steps and were among a run's longest; ``docs/lab-notes/2026-11-30-probes-within-the-bound.md``). Such a
-probe could measure nothing that turns speculation on there: every drafting step is priced over the bound by the
-model itself. The most tokens per second within a bound on the worst gap.
+over the bound backs off as a probe priced far below plain decoding does: it is a step over the bound, and it pays
+every row's drafter catching up on the steps without drafts. A probe is not taken at all where even its cheapest
+form, one row drafting one position, is predicted so (uncalibrated), as on a padded grid at a row count where the
+target's forward is bound by arithmetic: one draft doubles the grid (at 64 streams at ``1b`` on a 2-core CPU, probes
+of one to three rows took 1.3-1.8 plain steps and were among a run's longest;
+``docs/lab-notes/2026-11-30-probes-within-the-bound.md``). Such a probe could measure nothing that turns speculation
+on there: every drafting step is priced over the bound by the model itself. The row's catch-up is left out of that
+check, as out of the calibration: priced in, a row off long enough was too far behind for any probe to fit, and the
+longer speculation stayed off the further behind it fell (at one stream at ``1b``, a refusal priced 113 positions at
+0.069 s where the step left 0.003 s; ``docs/lab-notes/2026-11-30-probe-catch-up.md``). The most tokens per second
+within a bound on the worst gap.
 
 A probe while speculation is off drafts only the rows least behind, as does every drafting step under a bound (in
 what the bound leaves of the step, once the catch-up's seconds a position are measured): :mod:`specdec.catch_up`.
@@ -333,7 +336,7 @@ class AdaptiveK:
             self.next_probe = min(self.next_probe, self.steps + self.probe_every)
         if self.steps >= self.next_probe and self._may_probe(ks, prompt_tokens):  # invert the decision once
             if not any(ks):
-                if self._cheapest_fits(seqs, model, backlog):
+                if self._cheapest_fits(len(seqs), model):
                     ks, probing = probe, True
                 if below:
                     self.probe_period = min(2 * self.probe_period, FAR_BELOW_PROBES * self.probe_every)
@@ -377,23 +380,18 @@ class AdaptiveK:
         drafting (speculation off) waits for a step that feeds no prompt (see the module docstring)."""
         return any(ks) or not prompt_tokens
 
-    def _cheapest_fits(self, seqs: list[Sequence], model: CostModel,
-                       backlog: Callable[[list[Sequence]], list[int]] | None) -> bool:
-        """Whether a probe's cheapest form, one row drafting one position, is predicted by ``model`` (uncalibrated)
-        within the bound, with the catch-up of the row least behind once its rate is measured (True without a
-        bound)."""
-        if self.max_step_ratio is None:
-            return True
-        rate = self.catch_up.per_position()
-        catch_up = rate * min(backlog(seqs)) if rate is not None and backlog is not None else 0.0
-        return not self._over_bound([1] + [0] * (len(seqs) - 1), model, catch_up)
+    def _cheapest_fits(self, rows: int, model: CostModel) -> bool:
+        """Whether a probe's cheapest form over ``rows`` rows, one row drafting one position, is predicted by
+        ``model`` (uncalibrated) within the bound (True without a bound); the row's catch-up is not priced: a cost
+        of switching, paid once (see the module docstring)."""
+        return not self._over_bound([1] + [0] * (rows - 1), model)
 
-    def _over_bound(self, ks: list[int], model: CostModel, catch_up: float = 0.0) -> bool:
-        """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated), with ``catch_up`` seconds besides,
-        over the bound on a drafting step's time, every row proposing (False without a bound)."""
+    def _over_bound(self, ks: list[int], model: CostModel) -> bool:
+        """Whether a step drafting ``ks`` is predicted by ``model`` (uncalibrated) over the bound on a drafting
+        step's time, every row proposing (False without a bound)."""
         if self.max_step_ratio is None:
             return False
-        return model.left_in_bound(self.max_step_ratio, len(ks), self._fed(ks), max(ks)) < catch_up
+        return model.left_in_bound(self.max_step_ratio, len(ks), self._fed(ks), max(ks)) < 0.0
 
     def drafting_scale(self, rows: int) -> float | None:
         """How much more (or less) drafting steps over ``rows`` rows measured than the model predicted,

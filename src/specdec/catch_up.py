@@ -21,8 +21,8 @@ draft adds to the target's forward (none on a padded grid, whose width the budge
 :func:`seconds_budget`. Positions are a poor unit for it: at 64 streams at the ``1b`` shape on a 2-core CPU the 4
 positions a row of 64 rows let probes join 11-16 rows, 0.10-0.12 s of drafting, mostly catch-up, on top of a
 target's forward that one draft had already widened, and such probes took 1.5-1.9 plain steps against a bound of
-1.25. A probe whose cheapest form (the row least behind, one position, its catch-up priced) is predicted over the
-bound is not taken at all (:mod:`specdec.adaptive`).
+1.25. A probe whose cheapest form (one row, one position; its catch-up, a cost of switching, not priced) is predicted
+over the bound is not taken at all (:mod:`specdec.adaptive`).
 
 Why a probe. Off, every row falls behind, so a probe of every row fed all of it at once: at 64 streams at the
 ``1b`` shape under a bound of 1.25 such probes were the longest steps of the run (3.0 s against a median of
