@@ -21,6 +21,10 @@ used it.
 - ``--change probe-catch-up``: under a bound, a probe while speculation is off is taken where its cheapest form
   (one row, one position) is predicted within the bound, its catch-up left out (``AdaptiveK._cheapest_fits``),
   against pricing the catch-up of the row least behind at the measured rate (as of commit ``5794778``).
+- ``--change hiccup``: the calibration counts a step as at most ``HICCUP`` times what it expected of it
+  (``step_cost.Calibration``), against up to ``OUTLIER`` times the mean step of its kind so far.
+
+Several changes given together are installed together (``--change probe-catch-up hiccup``).
 
     python scripts/backlog_ab.py --change probe --shape 1b --shape-cache /tmp/inflate_1b \\
         --methods plain,eagle,draft_model --concurrency 16 64 --num-requests 128 --max-tokens 32 \\
@@ -41,10 +45,11 @@ from specdec.bench import interleaved
 from specdec.catch_up import CatchUpRate
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.scheduler import Scheduler
+from specdec.step_cost import OUTLIER, Calibration
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
-FOLDS, CHOOSE_POLICY = DraftModelDrafter._folds, AdaptiveK.choose
+FOLDS, CHOOSE_POLICY, CALIBRATE = DraftModelDrafter._folds, AdaptiveK.choose, Calibration.add
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
@@ -103,24 +108,35 @@ def catch_up_priced(self, rows, model):
     return model.left_in_bound(self.max_step_ratio, rows, self._fed([1] + [0] * (rows - 1)), 1) >= catch_up
 
 
-def install(change: str, new: bool) -> None:
-    """Patch the scheduler or the policy for the runs that follow: this checkout's rule where ``new``."""
-    Scheduler._backlog = BACKLOG if new or change != "queue" else any_left
-    AdaptiveK._may_probe = MAY_PROBE if new or change != "probe" else when_due
-    AdaptiveK._caps = CAPS if new or change != "catch-up" else probes_only
-    CatchUpRate.per_position = RATE if new or change != "within-bound" else unmeasured
-    AdaptiveK._cheapest_fits = (always if change == "within-bound" else catch_up_priced) if not new and change in (
-        "within-bound", "probe-catch-up") else FITS
-    AdaptiveK.choose = CHOOSE_POLICY if new or change != "probe-catch-up" else choose_keeping_backlog
-    adaptive.choose_ks = CHOOSE if new or change != "prompt-bound" else choose_before()
-    DraftModelDrafter._folds = FOLDS if new or change != "fold" else apart
+def in_full(self, measured, predicted):
+    """The calibration as it was: a step counts as at most ``OUTLIER`` times the mean step of its kind so far."""
+    if self.weight:
+        measured = min(measured, OUTLIER * self.measured / self.weight)
+    self.weight = self.weight * self.decay + 1.0
+    self.measured = self.measured * self.decay + measured
+    self.predicted = self.predicted * self.decay + predicted
+
+
+def install(changes: list[str], new: bool) -> None:
+    """Patch the scheduler or the policy for the runs that follow: this checkout's rules where ``new``, else the
+    rules before ``changes``."""
+    old = set() if new else set(changes)
+    Scheduler._backlog = any_left if "queue" in old else BACKLOG
+    AdaptiveK._may_probe = when_due if "probe" in old else MAY_PROBE
+    AdaptiveK._caps = probes_only if "catch-up" in old else CAPS
+    CatchUpRate.per_position = unmeasured if "within-bound" in old else RATE
+    AdaptiveK._cheapest_fits = always if "within-bound" in old else catch_up_priced if "probe-catch-up" in old else FITS
+    AdaptiveK.choose = choose_keeping_backlog if "probe-catch-up" in old else CHOOSE_POLICY
+    adaptive.choose_ks = choose_before() if "prompt-bound" in old else CHOOSE
+    DraftModelDrafter._folds = apart if "fold" in old else FOLDS
+    Calibration.add = in_full if "hiccup" in old else CALIBRATE
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
-    parser.add_argument("--change", required=True,
+    parser.add_argument("--change", required=True, nargs="+",
                         choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold",
-                                 "probe-catch-up"))
+                                 "probe-catch-up", "hiccup"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

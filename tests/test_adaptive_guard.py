@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from specdec import step_cost
 from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
 from specdec.catch_up import CATCH_UP_BUDGET, least_behind
 from specdec.metrics import BatchMetrics, RequestMetrics
@@ -188,6 +189,28 @@ def test_under_a_bound_a_row_far_behind_is_still_probed(pinned, monkeypatch):
     monkeypatch.setattr(AdaptiveK, "_cheapest_fits", priced)
     late = World(slow_drafting, alpha=0.9, max_step_ratio=1.25, per_position=cost).run(batch(1), 300, [100])[100:]
     assert not any(any(ks) for _, ks in late)
+
+
+def test_a_hiccup_of_the_machine_does_not_switch_speculation_off(monkeypatch):
+    """One row under a bound of 1.25 plain steps, as a draft model at the ``1b`` shape: a draft costs 0.18 plain
+    steps, so one draft (1.18 plain steps) is within the bound by 6% and two are over it. One drafting step takes
+    twice its time (the host's hiccup): counted as at most ``HICCUP`` times what was expected, speculation stays on
+    throughout; counted in full (up to 3x), it moved the calibration by a tenth and turned speculation off until
+    five probes, 16 steps apart, had measured it back."""
+    edge = CostModel(intercept=PLAIN_SECONDS, slope=0.0, draft=0.18 * PLAIN_SECONDS)
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: edge)
+    for hiccup, stays_on in ((step_cost.HICCUP, True), (3.0, False)):
+        monkeypatch.setattr(step_cost, "HICCUP", hiccup)
+        steps = iter(range(1, 401))
+
+        def clock(rows: int, width: int, steps=steps) -> tuple[float, float]:
+            slow = 2.0 if next(steps) == 200 else 1.0
+            return (PLAIN_SECONDS * slow, 0.18 * PLAIN_SECONDS * width * slow) if width else (PLAIN_SECONDS, 0.0)
+
+        after = [ks for _, ks in World(clock, alpha=0.9, max_step_ratio=1.25).run(batch(1), 400)[200:300]]
+        assert all(ks in ([0], [1]) for ks in after)
+        off = sum(ks == [0] for ks in after)
+        assert off <= 100 // PROBE_EVERY if stays_on else off > 50
 
 
 def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():

@@ -80,7 +80,7 @@ speculating is slower. So the policy also compares, per number of rows in the st
 seconds (``target_seconds + draft_seconds`` less ``catch_up_seconds``) with what the model predicted for it,
 as decayed sums ``Σ measured / Σ predicted``
 (``guard_decay`` per step of that kind; the first step of each shape left out as above, a step
-counted as at most ``OUTLIER`` times the mean of its kind so far), for drafting and for plain steps
+counted as at most ``HICCUP`` times what the calibration expected of it), for drafting and for plain steps
 apart. Once both kinds are measured at that row count (decayed weight at least ``GUARD_EVIDENCE``,
 about three steps each), the drafting steps' ratio over the plain steps' ratio scales every drafting
 step's predicted cost; the choice above, speculation off included, is then made with the scaled
