@@ -1,4 +1,4 @@
-"""One of this checkout's rules for auto k beside prompts against the rule before it, interleaved round by round
+"""This checkout's rules for auto k (one or several) against the rules before them, interleaved round by round
 (:mod:`specdec.bench.interleaved`). A benchmark, not a test: ``docs/lab-notes/2026-11-30-queue-and-probes.md``
 used it.
 
