@@ -67,7 +67,7 @@ class Calibration:
     ``1b`` shape, where a draft model's step is within a few percent of a bound of 1.25 plain steps, one such
     drafting step switched speculation off for about a hundred steps: off, drafting steps are measured only at
     probes (``docs/lab-notes/2026-11-30-probe-catch-up.md``). A cost that every step pays still moves the ratio,
-    by up to a quarter of it a step."""
+    a few percent a step (each step counts up to a quarter above it, at a tenth of the weight)."""
 
     decay: float
     weight: float = 0.0  # decayed count of steps
