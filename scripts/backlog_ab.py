@@ -83,7 +83,7 @@ def unmeasured(self):
     return None
 
 
-def always(self, seqs, model, backlog):
+def always(self, rows, model):
     """Every probe that is due is taken."""
     return True
 
