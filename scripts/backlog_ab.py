@@ -23,6 +23,8 @@ used it.
   against pricing the catch-up of the row least behind at the measured rate (as of commit ``5794778``).
 - ``--change hiccup``: the calibration counts a step as at most ``HICCUP`` times what it expected of it
   (``step_cost.Calibration``), against up to ``OUTLIER`` times the mean step of its kind so far.
+- ``--change shape-hiccup``: a step counts in its shape's mean as at most ``HICCUP`` times that mean
+  (``AdaptiveK.observe``), against in full.
 
 Several changes given together are installed together (``--change probe-catch-up hiccup``).
 
@@ -36,6 +38,7 @@ to ``bench-serve``.
 
 from __future__ import annotations
 
+import math
 import subprocess
 from functools import cache
 
@@ -45,7 +48,7 @@ from specdec.bench import interleaved
 from specdec.catch_up import CatchUpRate
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.scheduler import Scheduler
-from specdec.step_cost import OUTLIER, Calibration
+from specdec.step_cost import HICCUP, OUTLIER, Calibration
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
@@ -130,13 +133,14 @@ def install(changes: list[str], new: bool) -> None:
     adaptive.choose_ks = choose_before() if "prompt-bound" in old else CHOOSE
     DraftModelDrafter._folds = apart if "fold" in old else FOLDS
     Calibration.add = in_full if "hiccup" in old else CALIBRATE
+    adaptive.HICCUP = math.inf if "shape-hiccup" in old else HICCUP
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True, nargs="+",
                         choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold",
-                                 "probe-catch-up", "hiccup"))
+                                 "probe-catch-up", "hiccup", "shape-hiccup"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from specdec import step_cost
+from specdec import adaptive, step_cost
 from specdec.adaptive import FAR_ABOVE, FAR_BELOW_PROBES, FAR_PROBES, AdaptiveK, choose_ks
 from specdec.catch_up import CATCH_UP_BUDGET, least_behind
 from specdec.metrics import BatchMetrics, RequestMetrics
@@ -211,6 +211,35 @@ def test_a_hiccup_of_the_machine_does_not_switch_speculation_off(monkeypatch):
         assert all(ks in ([0], [1]) for ks in after)
         off = sum(ks == [0] for ks in after)
         assert off <= 100 // PROBE_EVERY if stays_on else off > 50
+
+
+def test_a_slow_phase_of_the_host_does_not_price_a_drafting_shape_over_the_bound(monkeypatch):
+    """One row under a bound of 1.25, as a draft model at the ``1b`` shape: plain steps of 0.1 s, prompt chunks fed in
+    the step's own forward (which set the line's slope), a two-token step of 0.1015 s and a draft of 0.016 s: one
+    draft costs 1.175 plain steps. Four two-token steps take 1.45x their time (a slow phase of the host, as in a traced
+    run), then speculation is off for 60 steps, where a drafting shape is timed only at probes. Counted as at most
+    ``HICCUP`` times the shape's mean, the slow phase leaves the shape within 10% of the line and one draft within the
+    bound (uncalibrated: a probe is taken). Counted in full, the shape's mean stays 13% over the line until probes
+    re-time it, and one draft is priced over the bound: the probes that would re-time it are refused."""
+    for hiccup, fits in ((step_cost.HICCUP, True), (3.0, False)):
+        monkeypatch.setattr(adaptive, "HICCUP", hiccup)
+        policy, seqs = AdaptiveK(MAX_K, max_step_ratio=1.25), batch(1)
+
+        def steps(count: int, drafting: bool, slow: float = 1.0, policy=policy, seqs=seqs) -> None:
+            for i in range(count):
+                if i % 4 == 3 and slow == 1.0:  # 64 prompt tokens at 3.5 ms each, in the step's forward
+                    policy.observe(seqs, [0], [0], StepCost(1, 0, 0.1 + 64 * 0.0035, 0.0, prompt_tokens=64,
+                                                           prompt_fused=True))
+                elif drafting and (i % 8 or slow > 1.0):
+                    policy.observe(seqs, [1], [1], StepCost(2, 1, 0.1015 * slow, 0.016))
+                else:
+                    policy.observe(seqs, [0], [0], StepCost(1, 0, 0.1, 0.0))
+
+        steps(120, drafting=True)
+        assert policy.cost_model(1).left_in_bound(1.25, 1, 2, 1) > 0
+        steps(4, drafting=True, slow=1.45)
+        steps(60, drafting=False)
+        assert (policy.cost_model(1).left_in_bound(1.25, 1, 2, 1) > 0) == fits
 
 
 def test_catch_up_budget_in_seconds_is_what_the_bound_leaves():
