@@ -38,10 +38,10 @@ A target's cost is a line only roughly: kernels work in tiles, and a GPU replays
 captured for a bucket of shapes, so ``t`` climbs in steps (on the embedded pair's CPU, 17 tokens
 cost 15% more than 16). So each timed step also records its time under its shape (rows, tokens), as
 a decayed mean per shape (``shape_decay`` per step of that shape, so that the shapes chosen follow
-the machine getting slower or faster), a step counting as at most ``HICCUP`` times the mean, as in the calibration
-below: off, a drafting shape is timed only at probes, and four two-token steps of a slow phase of the host, counted
-in full, priced one draft over the bound at one stream at ``1b`` for 58 steps
-(``docs/lab-notes/2026-11-30-bound-edge.md``). A shape measured in two timed steps or more, the last within
+the machine getting slower or faster; slower by up to 2.5% a step, as a step counts as at most ``HICCUP`` times
+the mean, as in the calibration below: off, a drafting shape is timed only at probes, and four two-token steps of
+a slow phase of the host, counted in full, priced one draft over the bound at one stream at ``1b`` for 58 steps;
+``docs/lab-notes/2026-11-30-bound-edge.md``). A shape measured in two timed steps or more, the last within
 ``SHAPE_MEMORY`` steps (a shape not renewed goes stale as the machine drifts, and is forgotten),
 is predicted by that mean where it is ``SHAPE_TOLERANCE`` (10%) or more off the line, and by the
 line where it is closer (noise the choice would chase); a shape not measured, by the line moved by

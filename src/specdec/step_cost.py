@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OUTLIER = 3.0  # a measured step time counts as at most this many times the predicted one
-HICCUP = 1.25  # in a calibration, a step counts as at most this many times what the calibration expected of it
+HICCUP = 1.25  # in a calibration or a shape's mean, a step counts as at most this many times what was expected
 
 
 @dataclass
