@@ -32,6 +32,7 @@ import time
 
 from specdec import engine as engine_module
 from specdec import prefill_pacer
+from specdec import prompt_feed as prompt_feed_module
 from specdec import scheduler as scheduler_module
 from specdec.bench import serving
 from specdec.cli import build_parser
@@ -52,7 +53,7 @@ def collector(phase: str, info: dict) -> None:
 
 def wrap() -> None:
     """Time every scheduler step into ``STEPS`` (the engine's parts into ``CURRENT`` while it runs)."""
-    step, start, record, feeding = (scheduler_module.Scheduler.step, engine_module.Engine._start_drafter,
+    step, start, record, feeding = (scheduler_module.Scheduler.step, prompt_feed_module.PromptFeed.start_drafter,
                                     engine_module.Engine._record, engine_module.Engine.step_feeding)
 
     def timed_step(self):
@@ -84,7 +85,7 @@ def wrap() -> None:
 
     gc.callbacks.append(collector)
     scheduler_module.Scheduler.step = timed_step
-    engine_module.Engine._start_drafter = timed_start
+    prompt_feed_module.PromptFeed.start_drafter = timed_start
     engine_module.Engine._record = kept_times
     engine_module.Engine.step_feeding = counted_feeding
 

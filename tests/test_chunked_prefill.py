@@ -65,7 +65,7 @@ def run(model_dirs, config, chunked: bool, params, backend="auto"):
             for seq in scheduler.prefilling:  # partly fed
                 assert llm.engine.cache.lengths[seq.slot] < len(seq.prompt_ids) - 1
             beside |= bool(scheduler.prefilling and scheduler.running)
-    assert not llm.engine._prefilling and scheduler.num_running == 0
+    assert not llm.engine.feed.prefilling and scheduler.num_running == 0
     return [tokens[r.seq.request_id] for r in requests], beside
 
 
@@ -178,7 +178,7 @@ def test_abort_while_prefilling_frees_the_slot(model_dirs):
     llm.step()
     assert llm.scheduler.prefilling == [request.seq] and llm.engine.is_prefilling(request.seq)
     llm.abort(request.seq.request_id)
-    assert not llm.scheduler.has_work and not llm.engine._prefilling
+    assert not llm.scheduler.has_work and not llm.engine.feed.prefilling
     assert sorted(llm.scheduler._free) == [0, 1]
     out = llm.generate({"prompt_token_ids": list(range(1, 60))}, SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4

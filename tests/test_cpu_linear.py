@@ -25,8 +25,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # the dtype's rounding 
 
 
 def _layer_weights(lm: FastLlamaLM) -> list[torch.Tensor]:
-    """Each dense layer's q/k/v, o, gate/up and down matrices (``_Layer.attention`` holds the arguments of
-    ``attention_inputs``, ``_Layer.output`` those of ``attention_output_and_mlp``)."""
+    """Each dense layer's q/k/v, o, gate/up and down matrices (``LayerWeights.attention`` holds the arguments of
+    ``attention_inputs``, ``LayerWeights.output`` those of ``attention_output_and_mlp``)."""
     return [w for layer in lm.layers for w in (layer.attention[1], layer.output[0], layer.output[4],
                                                  layer.output[6])]
 

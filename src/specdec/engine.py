@@ -34,9 +34,10 @@ from specdec.drafters.base import DraftBatch, Drafter
 from specdec.k_schedule import FixedK, ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, StageClock
-from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
+from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
+from specdec.prompt_feed import PromptFeed
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost, tokens_fed
@@ -91,13 +92,8 @@ class Engine:
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
         # With prefix caching, those states of every cached entry, so that a hit hands them over too.
         self.features = BlockFeatures(self.cache) if self.hidden_layers and self.cache.caches_prefixes else None
-        # A prefill wants those states of every prompt token but no logits: ``[0, H]`` head rows skip the head.
-        self._no_head = (torch.empty(0, target.config.hidden_size, dtype=target.dtype, device=target.device)
-                         if self.hidden_layers and target.supports_layer_subsets else None)
+        self.feed = PromptFeed(target, self.cache, drafter, self.hidden_layers, self.features)
         self._clock = StageClock(target.device)
-        # request id -> the target's hidden states of the prompt chunks fed so far ([n, layers, H] each;
-        # none kept without a drafter that reads them), while a prompt is fed over several steps.
-        self._prefilling: dict[str, list[torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def prefill(self, seqs: list[Sequence], num_tokens: list[int] | None = None) -> list[Sequence]:
@@ -106,33 +102,13 @@ class Engine:
         as few as :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows. The context is the prompt, and
         after a preemption the output so far too.
 
-        A sequence's first call empties its slot and shares the full blocks the prefix cache holds of its
-        context (with the target's hidden states of those entries, for a drafter that reads them: see
-        :class:`~specdec.models.prefix_cache.BlockFeatures`); how far the context is cached is then its slot's
-        length. A sequence whose first block is
-        that of another one being fed (``n > 1``, a shared system prompt) waits until that one is done, so
-        that it finds its blocks. Full blocks are registered in the prefix cache as they are fed.
-
-        Returns the sequences whose context is now cached but the pending token, which the drafter then
-        starts (with the target's hidden states of every prompt position, for a drafter that reads them):
-        a prompt fed in chunks over several steps starts the drafter exactly as one fed at once."""
+        Prefix-cache sharing, sequences waiting for a shared first block and the drafter's start are
+        :mod:`specdec.prompt_feed`'s. Returns the sequences whose context is now cached but the pending token
+        (their drafter started); a context fed in chunks over several steps starts the drafter exactly as one fed
+        at once."""
         clock = self._clock
         clock.start()
-        budget = None if num_tokens is None else {id(s): n for s, n in zip(seqs, num_tokens)}
-        done: list[Sequence] = []
-        todo = seqs
-        while True:
-            active, rows = self._plan_feed(todo, budget)
-            self._feed_apart(rows)
-            ready = self._fed(active)
-            self._start_drafter(ready)
-            done += ready
-            # not started yet (a started one is being fed or, once ready, done): waited for a shared first block
-            finished = {id(s) for s in done}
-            waiting = [s for s in todo if s.request_id not in self._prefilling and id(s) not in finished]
-            if budget is not None or not waiting or not ready:
-                break
-            todo = waiting  # fed whole: the sequences that waited for a shared first block go next
+        done = self.feed.feed(seqs, num_tokens)
         clock.lap("prefill")
         seconds = clock.read()["prefill"]
         self.metrics.time_prefill += seconds
@@ -140,85 +116,9 @@ class Engine:
             s.metrics.time_prefill += seconds
         return done
 
-    def _plan_feed(self, seqs: list[Sequence], budget: dict[int, int] | None
-                   ) -> tuple[list[Sequence], list[tuple[Sequence, int, int]]]:
-        """The sequences of ``seqs`` being fed (new ones started: see :meth:`_start`) and the rows to feed now,
-        ``(sequence, first context index, count)``: each its next ``budget[id(seq)]`` context tokens (None: all
-        it has left), never its pending token; rows with nothing to feed are left out."""
-        active = self._start(seqs, self.cache.caches_prefixes)
-        rows = []
-        for s in active:
-            start = self.cache.lengths[s.slot]
-            left = len(s.token_ids) - 1 - start
-            count = left if budget is None else min(budget[id(s)], left)
-            if count > 0:
-                rows.append((s, start, count))
-        return active, rows
-
-    def _feed_apart(self, rows: list[tuple[Sequence, int, int]]) -> None:
-        """Feed ``rows`` (of :meth:`_plan_feed`) in forwards of their own (ragged, as few as
-        :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), keeping what the drafter will need."""
-        by_slot = {s.slot: (s, start, count) for s, start, count in rows}
-        for batch in prefill_batches([s.token_ids[a: a + n] for s, a, n in rows], [s.slot for s, _, _ in rows],
-                                     self.target.device, starts=[a for _, a, _ in rows]):
-            if self.hidden_layers:
-                batch.hidden_layers, batch.logits_rows, batch.output_head = self.hidden_layers, None, self._no_head
-            out = self.target.forward(batch, self.cache)
-            self._keep_fed([by_slot[slot] for slot in batch.slots], out.hidden)
-
-    def _keep_fed(self, rows: list[tuple[Sequence, int, int]], hidden: torch.Tensor | None) -> None:
-        """Keep the target's hidden states of fed ``rows`` (``[sum of counts, layers, H]``, rows in order) for the
-        drafter, and with their cache entries for the prefix cache (none without a drafter that reads them)."""
-        if not self.hidden_layers:
-            return
-        first = 0
-        for s, _, count in rows:
-            self._prefilling[s.request_id].append(hidden[first: first + count])
-            first += count
-        if self.features is not None:
-            self.features.write([r for s, start, count in rows for r in self.cache.rows_of(s.slot, start, count)],
-                                hidden)
-
-    def _fed(self, active: list[Sequence]) -> list[Sequence]:
-        """After feeding ``active``: register their full blocks in the prefix cache; returns those whose context is
-        now cached but the pending token (the drafter is started with :meth:`_start_drafter`)."""
-        for s in active:
-            self.cache.commit_prefix(s.slot, s.token_ids)
-        return [s for s in active if self.cache.lengths[s.slot] >= len(s.token_ids) - 1]
-
-    def _start(self, seqs: list[Sequence], lookup: bool) -> list[Sequence]:
-        """The sequences of ``seqs`` being fed, after starting (empty slot, prefix-cache lookup) those that
-        are new, but a new one whose first block is that of another one being fed."""
-        size = self.cache.block_size
-        firsts = {tuple(s.token_ids[:size]) for s in seqs if s.request_id in self._prefilling} if lookup else set()
-        for s in seqs:
-            if s.request_id in self._prefilling:
-                continue
-            first = tuple(s.token_ids[:size])
-            if lookup and first in firsts:
-                continue
-            if lookup and len(s.token_ids) > size:
-                firsts.add(first)
-            self.cache.release(s.slot)
-            cached = self.cache.match_prefix(s.slot, s.token_ids) if lookup else 0
-            self._prefilling[s.request_id] = [self.features.read(s.slot, cached)] if cached and self.features else []
-        return [s for s in seqs if s.request_id in self._prefilling]
-
-    def _start_drafter(self, ready: list[Sequence]) -> None:
-        """Hand sequences whose context is fed to the drafter (with their prompt's hidden states)."""
-        if self.drafter is not None and ready:
-            if self.hidden_layers:
-                none = torch.empty(0, len(self.hidden_layers), 0, device=self.target.device)
-                parts = [self._prefilling[s.request_id] for s in ready]
-                self.drafter.observe_hidden(ready, [none if not p else p[0] if len(p) == 1 else torch.cat(p)
-                                                    for p in parts])
-            self.drafter.add(ready)
-        for s in ready:
-            del self._prefilling[s.request_id]
-
     def is_prefilling(self, seq: Sequence) -> bool:
         """Whether part of the sequence's prompt was fed and the rest is still to come."""
-        return seq.request_id in self._prefilling
+        return seq.request_id in self.feed.prefilling
 
     def kv_pools(self) -> list[KVCache]:
         """The target's pool and the drafter's own, slot for slot."""
@@ -240,7 +140,7 @@ class Engine:
         prompt was being fed has no drafter state yet)."""
         self.cache.release(seq.slot)
         self.policy.release(seq)
-        if self._prefilling.pop(seq.request_id, None) is None and self.drafter is not None:
+        if not self.feed.forget(seq) and self.drafter is not None:
             self.drafter.release(seq)
 
     # ------------------------------------------------------------------ the step
@@ -289,11 +189,11 @@ class Engine:
         clock.lap("drafting")
 
         # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n, and the prompt chunks.
-        active, feed = self._plan_feed(prompts, {id(s): n for s, n in zip(prompts, chunks)}) if prompts else ([], [])
+        active, feed = self.feed.plan(prompts, {id(s): n for s, n in zip(prompts, chunks)}) if prompts else ([], [])
         fused = bool(feed) and self.target.fuses_prefill and (draft is None or (draft.parents is None
                                                                                and draft.hidden is None))
         if feed and not fused:
-            self._feed_apart(feed)
+            self.feed.feed_apart(feed)
             clock.lap("prefill")
         if width == 0:
             batch = ForwardBatch.from_rows([s.token_ids[-1:] for s in seqs], [len(s.token_ids) - 1 for s in seqs],
@@ -301,9 +201,9 @@ class Engine:
         else:
             batch, grid = self._verify_batch(seqs, draft)
         batch.hidden_layers = self.hidden_layers
-        forward = self.target.forward(self._with_chunks(batch, feed) if fused else batch, self.cache)
+        forward = self.target.forward(self.feed.with_chunks(batch, feed) if fused else batch, self.cache)
         if fused and self.hidden_layers:
-            self._keep_fed(feed, forward.hidden[batch.cu_seqlens[-1]:])
+            self.feed.keep(feed, forward.hidden[batch.cu_seqlens[-1]:])
         logits = forward.logits
         if constrained and width == 0:
             logits = apply_bitmask(logits, masks[:, 0])
@@ -404,24 +304,9 @@ class Engine:
         self.policy.observe(seqs, num_drafted, accepted, StepCost(
             fed, width, times["target"] + times.get("prefill", 0.0) + times["other"], times["drafting"],
             sum(n for _, _, n in feed), one_time_setups() != setups, catch_up, fused))
-        started = self._fed(active)
-        self._start_drafter(started)
+        started = self.feed.done(active)
+        self.feed.start_drafter(started)
         return outputs, started
-
-    def _with_chunks(self, batch: ForwardBatch, rows: list[tuple[Sequence, int, int]]) -> ForwardBatch:
-        """The step's ``batch`` with the prompt chunks ``rows`` (of :meth:`_plan_feed`) as its last rows: logits
-        of the step's tokens only, hidden states (if any are wanted) of every token."""
-        flat, positions, cu = [], [], list(batch.cu_seqlens)
-        for s, start, count in rows:
-            flat.extend(s.token_ids[start: start + count])
-            positions.extend(range(start, start + count))
-            cu.append(cu[-1] + count)
-        host = to_device([flat, positions], self.target.device)
-        return dataclasses.replace(
-            batch, input_ids=torch.cat([batch.input_ids, host[0]]), positions=torch.cat([batch.positions, host[1]]),
-            slots=[*batch.slots, *(s.slot for s, _, _ in rows)], cu_seqlens=cu,
-            logits_rows=slice(0, batch.cu_seqlens[-1]), hidden_rows=slice(0, cu[-1]) if batch.hidden_layers else None,
-            chunk_rows=len(rows))
 
     def _logprobs(self, seqs: list[Sequence], outputs: list[StepOutput], verified: torch.Tensor,
                   paths: list[list[int]]) -> None:

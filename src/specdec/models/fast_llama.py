@@ -1,8 +1,8 @@
 """The fast backend: one decoder for every family of :mod:`.families` (Llama, Qwen2/3, Mistral, Phi-3,
 Gemma 2/3, Qwen3-MoE, Mixtral).
 
-It reads the weights of a loaded transformers model through the family's weight map (no forked
-modeling file, no copy of the weights beyond fusing split q/k/v and gate/up projections) and runs
+It reads the weights of a loaded transformers model through the family's weight map (:mod:`.fast_weights`: no
+forked modeling file, no copy of the weights beyond fusing split q/k/v and gate/up projections) and runs
 the same arithmetic as transformers' eager forward (:mod:`.layers`) with far fewer Python calls per
 layer, over a preallocated :class:`~.kv_pool.PagedKVPool`: rollback moves a slot's length (and frees
 the blocks past it).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +32,8 @@ from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, check_poo
 from specdec.models.cpu_linear import linear, pack, packed_copy
 from specdec.models.cuda_graphs import GraphSet, graph_shape, replay, replay_greedy_chain
 from specdec.models.deterministic import pad_keys, rows_linear
-from specdec.models.families import DecoderSpec, decoder_spec, unsupported_reason
+from specdec.models.families import decoder_spec, unsupported_reason
+from specdec.models.fast_weights import norm_weight, plain, read_layer
 from specdec.models.grid import (
     WIDE_TOKENS,
     Grid,
@@ -70,90 +70,6 @@ flash attention takes a slow path for a single query in bfloat16: measured on th
 (torch 2.13, 16 rows, 8 heads of 64, 201 cached keys) 1.17 ms against 0.47 ms for the same query twice,
 and 2.6-4x slower at every shape tried; in float32 and float64 one query is the faster, in float16 both
 are as slow. So a plain decoding step, and a draft model's every step, attend a query pair there."""
-
-
-@dataclass
-class _Layer:
-    """One decoder layer's weights by role, as the :mod:`.layers` functions take them: ``attention``
-    the arguments of ``attention_inputs`` before ``cos``; ``output`` those of ``attention_output_and_mlp``
-    (dense) or ``attention_output`` (routed) after ``attn``; ``experts`` (router, gate_up, down) or None;
-    ``window`` and ``rope``: the layer's sliding window and rotary table (keys of ``FastLlamaLM.rope``)."""
-
-    attention: tuple
-    output: tuple
-    experts: tuple | None
-    window: int | None
-    rope: str | None
-
-
-def _linear(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight and bias of one projection, or of split projections concatenated (a bias of zeros
-    for a part without one; None when no part has one)."""
-    if len(modules) == 1:
-        return modules[0].weight, modules[0].bias
-    weight = torch.cat([m.weight for m in modules])
-    if all(m.bias is None for m in modules):
-        return weight, None
-    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                              for m in modules])
-
-
-def _norm_weight(weight: torch.Tensor | None, offset: bool) -> torch.Tensor | None:
-    """A norm's weight as :func:`~.layers.rms_norm` takes it: ``1 + w`` in float32 with ``offset``."""
-    if weight is None or not offset:
-        return weight
-    return 1.0 + weight.float()
-
-
-def _find(module: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
-    """``module``'s submodule ``name``, or None when the name is None or the module has no such child
-    (a mixture-of-experts model's dense layers have no experts)."""
-    if name is None:
-        return None
-    try:
-        return module.get_submodule(name)
-    except AttributeError:
-        return None
-
-
-def _plain(weight: torch.Tensor) -> torch.Tensor:
-    return weight
-
-
-def _read_layer(layer: torch.nn.Module, spec: DecoderSpec, index: int,
-                packed: Callable[[torch.Tensor], torch.Tensor]) -> _Layer:
-    """A layer's weights through the family's weight map; ``packed`` turns each dense matrix of the
-    layer (q/k/v, o, gate/up, down) into the form :func:`~.cpu_linear.linear` runs fastest
-    (:func:`~.cpu_linear.pack`, or the weight itself). Experts and the router stay plain."""
-    names, offset = spec.family.weights, spec.family.norm_offset
-
-    def get(name: str | None) -> torch.nn.Module | None:
-        return None if name is None else layer.get_submodule(name)
-
-    def norm(name: str | None) -> torch.Tensor | None:
-        return None if name is None else _norm_weight(get(name).weight, offset)
-
-    qkv_weight, qkv_bias = _linear([get(n) for n in names.qkv])
-    qkv_weight = packed(qkv_weight)
-    qk_norm = None
-    if names.q_norm is not None:  # one weight row per head: [heads + kv_heads, 1, head_dim]
-        q, k = get(names.q_norm).weight, get(names.k_norm).weight
-        qk_norm = _norm_weight(torch.cat([q.expand(spec.num_heads, -1), k.expand(spec.num_kv_heads, -1)])[:, None],
-                               offset)
-    attn_norm, out_norm, mlp_norm, mlp_out_norm = (norm(n) for n in names.norms)
-    o = get(names.o)
-    experts = None
-    bank = _find(layer, names.experts)
-    if bank is not None:
-        experts = (get(names.router).weight, bank.gate_up_proj, bank.down_proj)
-        output = (packed(o.weight), o.bias, out_norm, mlp_norm)
-    else:
-        gate_up_weight, gate_up_bias = _linear([get(n) for n in names.gate_up])
-        down = get(names.down)
-        output = (packed(o.weight), o.bias, out_norm, mlp_norm, packed(gate_up_weight), gate_up_bias,
-                  packed(down.weight), down.bias, mlp_out_norm)
-    return _Layer((attn_norm, qkv_weight, qkv_bias, qk_norm), output, experts, spec.windows[index],
-                  spec.rope_types[index])
 
 
 class FastLlamaLM(CausalLM):
@@ -212,7 +128,7 @@ class FastLlamaLM(CausalLM):
         # Gemma scales the embeddings by sqrt(hidden) rounded to float32, then to the model dtype.
         self.embed_scale = (torch.tensor(config.hidden_size**0.5).to(device=self.device, dtype=self.dtype)
                             if spec.family.embed_scale else None)
-        self.final_norm = _norm_weight(base.norm.weight, self.offset)
+        self.final_norm = norm_weight(base.norm.weight, self.offset)
         self.lm_head = model.lm_head.weight
         # What head() reads on a CPU: ``packed_head`` where the caller has one for this head (an EAGLE layer
         # scores with its target's), else a copy of its own.
@@ -222,8 +138,8 @@ class FastLlamaLM(CausalLM):
         self.vocab_size = self.lm_head.shape[0]
         # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
         # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
-        packed = pack if pack_weights else _plain
-        self.layers = [_read_layer(layer, spec, i, packed) for i, layer in enumerate(base.layers)]
+        packed = pack if pack_weights else plain
+        self.layers = [read_layer(layer, spec, i, packed) for i, layer in enumerate(base.layers)]
         self.num_layers = len(self.layers)
         # cos/sin for every position, computed once by the model's own rotary module (per layer type
         # where the family's rotary differs by layer type).
