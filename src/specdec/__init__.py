@@ -13,9 +13,9 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "LLM": "specdec.llm",
-    "CompletionOutput": "specdec.llm",
-    "RequestOutput": "specdec.llm",
-    "StreamOutput": "specdec.llm",
+    "CompletionOutput": "specdec.outputs",
+    "RequestOutput": "specdec.outputs",
+    "StreamOutput": "specdec.outputs",
     "Logprob": "specdec.logprobs",
     "Drafter": "specdec.drafters",
     "SpeculativeConfig": "specdec.drafters",

@@ -95,6 +95,16 @@ def _k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or {AUTO!r}, got {text!r}") from None
 
 
+class Given(argparse.Action):
+    """Stores a flag's value and notes the flag in ``namespace.given``, so that a flag the command would drop (a
+    drafting setting beside ``--speculative-config``, or with plain decoding) is an error rather than ignored."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", ()) + (option_string,)
+
+
 def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> None:
     """The flags that build an ``LLM``: models, speculative method and its settings, dtype, device,
     backend and pool size (``specdec generate``, ``specdec verify`` and ``specdec serve``). The flag names
@@ -113,21 +123,23 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
                    "(e.g. method auto and its candidates); with no --model, a draft_model config or candidate "
                    "without a 'model' uses the embedded draft")
     p.add_argument("--num-speculative-tokens", "--k", dest="num_speculative_tokens", type=_k_value, default=4,
-                   metavar="K", help="draft tokens per step, k, or 'auto': each row's k per step from measured "
-                   "acceptance and cost (default 4)")
-    p.add_argument("--max-num-speculative-tokens", type=int, default=8,
+                   action=Given, metavar="K", help="draft tokens per step, k, or 'auto': each row's k per step from "
+                   "measured acceptance and cost (default 4)")
+    p.add_argument("--max-num-speculative-tokens", type=int, default=8, action=Given,
                    help="with --num-speculative-tokens auto, the largest k (default 8)")
-    p.add_argument("--max-step-time-ratio", type=float, default=None, metavar="RATIO",
+    p.add_argument("--max-step-time-ratio", type=float, default=None, metavar="RATIO", action=Given,
                    help="with --num-speculative-tokens auto, draft only as much as keeps a step's predicted time "
                    "within RATIO plain steps (e.g. 1.1): a bound on the longest inter-token gap (default: none)")
-    p.add_argument("--draft-confidence-threshold", type=float, default=None,
+    p.add_argument("--draft-confidence-threshold", type=float, default=None, action=Given,
                    help="draft_model: stop a row's draft before a token whose top draft probability is below this")
-    p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched by ngram (default 3)")
-    p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched by ngram (default 1)")
+    p.add_argument("--prompt-lookup-max", type=int, default=3, action=Given,
+                   help="longest n-gram matched by ngram (default 3)")
+    p.add_argument("--prompt-lookup-min", type=int, default=1, action=Given,
+                   help="shortest n-gram matched by ngram (default 1)")
     p.add_argument("--dtype", default=dtype_default, help=f"auto, float32, bfloat16, float16 or float64 "
                    f"(default {dtype_default}: the checkpoint's dtype on a GPU; on a CPU bfloat16 for a bfloat16 "
                    "checkpoint where the CPU has bfloat16 instructions, else float32)")
-    p.add_argument("--speculative-dtype", "--draft-dtype", dest="speculative_dtype", default=None,
+    p.add_argument("--speculative-dtype", "--draft-dtype", dest="speculative_dtype", default=None, action=Given,
                    help="draft model dtype (default: the target's; float32 for a float16 target on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "hf"), help="model backend (default auto)")
@@ -218,6 +230,8 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
         raise SpecDecError("give either a PROMPT or --prompts-file, not both")
     prompts = []
     for number, item in read_jsonl(args.prompts_file, "prompts file"):
+        if "prompt_token_ids" in item and "prompt" in item:
+            raise SpecDecError(f"{args.prompts_file}:{number}: give 'prompt' or 'prompt_token_ids', not both")
         if "prompt_token_ids" in item:
             prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
         elif isinstance(item.get("prompt"), str):
@@ -262,11 +276,17 @@ def warm_up(llm, prompt: Any, params, calls: int) -> None:
 
 def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
     """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
+    given = getattr(args, "given", ())
     if getattr(args, "speculative_config", None) is not None:
+        if given:
+            raise SpecDecError(f"{given[0]} does not combine with --speculative-config: give its field in the JSON")
         return speculative_config_json(args)[1]
     from specdec.drafters import DRAFTERS
 
     if method == PLAIN:
+        if given:
+            raise SpecDecError(f"{given[0]} sets drafting, and this runs plain decoding: give a --speculative-method "
+                               "(or a --speculative-model)")
         return None
     k = args.num_speculative_tokens
     fields = {"dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,

@@ -31,10 +31,11 @@ from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.logprobs import Logprob, TokenLogprobs
-from specdec.metrics import BatchMetrics, RequestMetrics
+from specdec.metrics import BatchMetrics
 from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
-from specdec.sampling import SamplingParams, check_text
+from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
+from specdec.sampling import MAX_SEED, SamplingParams, check_text
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
@@ -42,51 +43,6 @@ from specdec.structured.state import GrammarState
 from specdec.text import TextTracker, TokenTexts
 
 Prompt = str | dict[str, Any]
-
-
-TokenLogprobDict = dict[int, Logprob]
-"""One output position's logprobs as vLLM returns them: the chosen token first, then the request's
-``logprobs`` most likely tokens best first (one entry less when the chosen token is among them)."""
-
-
-@dataclass
-class CompletionOutput:
-    """One generated sequence: its text (stop string excluded), token ids and why it ended. With
-    ``SamplingParams(logprobs=N)``: ``logprobs`` (one :data:`TokenLogprobDict` per token) and
-    ``cumulative_logprob`` (the chosen tokens' logprobs summed), else None."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    logprobs: list[TokenLogprobDict] | None = None
-    cumulative_logprob: float | None = None
-
-
-@dataclass
-class RequestOutput:
-    """The result of one prompt."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    metrics: RequestMetrics
-
-
-@dataclass
-class StreamOutput:
-    """One streamed increment: the new ``token_ids`` and ``text`` of a step; the last one has
-    ``finished=True``, the ``finish_reason`` and the request's final ``metrics``. ``logprobs``: one
-    :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked for them, else None."""
-
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    logprobs: list[TokenLogprobDict] | None = None
 
 
 @dataclass(eq=False)
@@ -173,12 +129,13 @@ class LLM:
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
-        if not isinstance(enable_chunked_prefill, bool):
-            raise SpecDecError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
-        if not isinstance(serving, bool):
-            raise SpecDecError(f"serving must be True or False, got {serving!r}")
-        if not isinstance(enable_prefix_caching, bool):
-            raise SpecDecError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        for name, flag in (("enable_chunked_prefill", enable_chunked_prefill), ("serving", serving),
+                           ("enable_prefix_caching", enable_prefix_caching), ("enforce_eager", enforce_eager),
+                           ("deterministic", deterministic)):
+            if not isinstance(flag, bool):
+                raise SpecDecError(f"{name} must be True or False, got {flag!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+            raise SpecDecError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
@@ -244,7 +201,18 @@ class LLM:
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of a prompt, validated against the model."""
+        """``(text or None, token ids)`` of a prompt, validated against the model: a string, ``{"prompt": text}``
+        or ``{"prompt_token_ids": [...]}`` (vLLM's text and tokens prompts); beside ids, ``"prompt"`` is the text
+        shown for them (echo), not tokenized."""
+        if isinstance(prompt, dict):
+            unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids"}))
+            if unknown:
+                raise SpecDecError(f"unknown key {unknown[0]!r} in a prompt: it takes 'prompt' (a string) or "
+                                   f"'prompt_token_ids' (sampling settings go in SamplingParams)")
+            if "prompt_token_ids" not in prompt:  # a text prompt
+                if not isinstance(prompt.get("prompt"), str):
+                    raise SpecDecError("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
+                prompt = prompt["prompt"]
         if isinstance(prompt, str):
             if not prompt:
                 raise SpecDecError("empty prompt")
@@ -270,7 +238,8 @@ class LLM:
                 )
             ids = list(ids)
         else:
-            raise SpecDecError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+            raise SpecDecError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got "
+                               f"{type(prompt).__name__}")
         if not ids:
             raise SpecDecError("empty prompt")
         self._check_length(len(ids))

@@ -9,6 +9,7 @@ verdict, and exits 0 on pass, 1 on fail (2 on bad input, as every command).
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from pathlib import Path
 
@@ -22,6 +23,17 @@ PROMPTS = [
     "Once upon a time", "SELECT name FROM users WHERE",
 ]
 """Default greedy prompts (a model without a tokenizer gets random token ids instead)."""
+
+MAX_TOP_K = 64
+"""Largest ``--top-k`` of the sampling test. Its k² outcomes are enumerated (one target forward per first
+token, k² products); outcomes expected fewer than 5 times (``MIN_EXPECTED``) are pooled into one cell, so
+64² = 4096 outcomes already need 20,480 samples per prompt (20x the default) before the rarest can be tested on
+their own: a larger k only adds outcomes to the pooled cell, not power, at a cost that grows as k² (k = 8192
+took minutes)."""
+
+MAX_SEED = 2**32 - 1
+"""Largest ``--seed``: request ``i`` of sampling prompt ``j`` gets seed ``(seed + j) * 1_000_003 + i``, which
+stays far within the 64-bit seeds of :class:`~specdec.sampling.SamplingParams`."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,8 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling-prompts", type=int, default=2,
                    help="prompts of the sampling test, the first ones (default 2; 0 skips it)")
     p.add_argument("--samples", type=int, default=1000, help="seeded requests per sampling prompt (default 1000)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling test temperature (default 1.0)")
-    p.add_argument("--top-k", type=int, default=8, help="sampling test top-k: k² outcomes enumerated (default 8)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling test temperature, above 0 (default 1.0)")
+    p.add_argument("--top-k", type=int, default=8,
+                   help=f"sampling test top-k: k² outcomes enumerated (default 8, at most {MAX_TOP_K})")
     p.add_argument("--significance", type=float, default=1e-3,
                    help="a sampling prompt fails when its chi-square p-value is below this (default 0.001)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled requests (default 0)")
@@ -58,6 +72,17 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--sampling-prompts must be at least 0, got {args.sampling_prompts}")
     if not 0 < args.significance < 1:
         raise SpecDecError(f"--significance must be in (0, 1), got {args.significance}")
+    if args.top_k > MAX_TOP_K:
+        raise SpecDecError(f"--top-k must be at most {MAX_TOP_K}: the sampling test enumerates k² outcomes, and "
+                           f"beyond {MAX_TOP_K ** 2} its chi-square test only pools the rare ones, at a cost that "
+                           f"grows as k²; got {args.top_k}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SpecDecError(f"--seed must be an integer in 0..2**32-1, got {args.seed}")
+    if args.sampling_prompts and args.temperature == 0:
+        raise SpecDecError("--temperature 0 is greedy: the sampling test would have a single outcome and could not "
+                           "fail; give a temperature above 0, or --sampling-prompts 0 to run the greedy check alone")
+    if args.sampling_prompts and not 0 < args.temperature < math.inf:
+        raise SpecDecError(f"--temperature must be a finite number above 0, got {args.temperature}")
 
 
 def _prompts(args: argparse.Namespace, llm) -> list[list[int]]:

@@ -17,6 +17,7 @@ from specdec.bench.methods import PEERS, REFERENCE, deterministic_modes, expand_
 from specdec.bench.prepare import load_bench, resolve_source, split_names
 from specdec.bench.synthetic import SAME, SHAPES
 from specdec.bench.workloads import WORKLOADS
+from specdec.cli_checks import check_output_folder, number
 from specdec.errors import SpecDecError
 from specdec.generate_cli import add_kv_flags
 from specdec.inflate.pair import add_shape_flags
@@ -206,13 +207,14 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "run in the default mode)",
     )
     run.add_argument("--max-tokens", type=int, default=128, help="tokens generated per turn by every method")
-    run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, checked against plain decoding")
+    run.add_argument("--temperature", type=number(float, 0), default=0.0,
+                     help="0 is greedy, checked against plain decoding")
     run.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED", help="each question runs once per seed")
     run.add_argument("--repeats", type=int, default=1, help="timed runs per question and seed (default 1)")
     run.add_argument("--warmup", type=int, default=1, help="untimed warm-up calls per method and batch size")
     run.add_argument(
         "--bandwidth-gbs",
-        type=float,
+        type=number(float, 0, above=True),
         default=None,
         help="device memory bandwidth in GB/s for the roofline column of plain decoding (default: measured by "
         "a read probe on the bench's threads, or a read kernel on a GPU)",
@@ -260,8 +262,22 @@ def _int_list(values: Sequence[str], flag: str) -> list[int]:
         raise SpecDecError(f"{flag} takes integers, got {' '.join(values)!r}") from exc
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    """Reject flag combinations that contradict each other."""
+MAX_SEED = 2**64 - 1
+"""Largest ``--seeds`` value (a :class:`~specdec.sampling.SamplingParams` seed)."""
+
+
+def _check_flags(args: argparse.Namespace, seeds: list[int]) -> None:
+    """Reject bad values and flag combinations that contradict each other, before any model loads."""
+    bad = [seed for seed in seeds if not 0 <= seed <= MAX_SEED]
+    if bad:
+        raise SpecDecError(f"--seeds must be integers in 0..2**64-1, got {bad[0]}")
+    for flag, value in (("--prompts-per-category", args.num_prompts), ("--prompt-len", args.prompt_len)):
+        if value < 1:
+            raise SpecDecError(f"{flag} must be at least 1, got {value}")
+    if args.kv_cache_memory is not None:
+        from specdec.models.kv_pool import parse_memory
+
+        parse_memory(args.kv_cache_memory)
     lo, hi = args.prompt_lookup_min, args.prompt_lookup_max
     if not 1 <= lo <= hi:
         raise SpecDecError(f"need 1 <= --prompt-lookup-min <= --prompt-lookup-max, got {lo} and {hi}")
@@ -286,6 +302,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SpecDecError("--draft-equals-target takes no --draft-model or --draft-synthetic")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise SpecDecError(f"--max-model-len must be at least 2, got {args.max_model_len}")
+    check_output_folder(args.out, "--out")
 
 
 def _method_configs(values: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -344,7 +361,7 @@ def run_bench(args: argparse.Namespace) -> int:
     ks = _k_list(args.k)
     seeds = _int_list(args.seeds, "--seeds")
     batch_sizes = _int_list(args.batch_size, "--batch-size")
-    _check_flags(args)
+    _check_flags(args, seeds)
     modes = deterministic_modes(args.deterministic)
     settings = BenchSettings(
         args.max_tokens, args.temperature, tuple(seeds), args.repeats, args.warmup, batch_sizes=tuple(batch_sizes)

@@ -109,6 +109,10 @@ class SpeculativeConfig:
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
                 extra = f" or {AUTO!r}" if name == "num_speculative_tokens" else ""
                 raise SpecDecError(f"{name} must be an integer in 1..{MAX_SPECULATIVE_TOKENS}{extra}, got {k!r}")
+        if self.num_speculative_tokens != AUTO and self.max_num_speculative_tokens != DEFAULT_MAX_SPECULATIVE_TOKENS:
+            raise SpecDecError("max_num_speculative_tokens is the largest k num_speculative_tokens 'auto' chooses: set "
+                               f"num_speculative_tokens to 'auto', or give the fixed k ({self.num_speculative_tokens}) "
+                               "alone")
         if self.num_speculative_tokens_per_batch_size is not None:
             if self.num_speculative_tokens == AUTO:
                 raise SpecDecError(f"{SCHEDULE} fixes k per batch size and num_speculative_tokens 'auto' chooses "

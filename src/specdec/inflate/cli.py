@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdec.cli_checks import check_new_folder
 from specdec.errors import SpecDecError
 from specdec.shapes import SHAPES, TARGET_SHAPES
 
@@ -42,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     get_shape(args.shape)
     src = default_source() if args.source == DEFAULT else Path(args.source)
     dest = Path(args.dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise SpecDecError(f"{str(dest)!r} exists and is not an empty folder")
+    check_new_folder(dest, "DST")
     if (src / "config.json").is_file():
         inflated = inflate_checkpoint(src, dest, args.shape)
         print(f"{dest}: {args.shape}, {inflated.num_parameters:,} parameters (inflated from {src})")

@@ -26,6 +26,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 ModelSource = str | Path | PreTrainedModel
 
 
+DEVICE_TYPES = ("cpu", "cuda")
+"""The devices a model runs on (the fast backend's kernels, CUDA graphs and the KV pool are written for these)."""
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` is CUDA when available, else CPU; anything else must name a usable device."""
     if str(device) == "auto":
@@ -34,6 +38,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise SpecDecError(f"unknown device {device!r}") from exc
+    if resolved.type not in DEVICE_TYPES:
+        raise SpecDecError(f"device {device!r} is not supported: choose 'auto', 'cpu' or 'cuda' (or 'cuda:N')")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise SpecDecError(f"device {device!r} was requested but CUDA is not available")
     return resolved
@@ -78,6 +84,8 @@ def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> tor
 
 def _check_source(source: str | Path) -> str:
     """Return the path or id to load, after the checks that give a clear message."""
+    if not isinstance(source, (str, Path)):
+        raise SpecDecError(f"model must be a folder, a hub id or a loaded PreTrainedModel, got {type(source).__name__}")
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -199,6 +207,8 @@ def load_tokenizer(source: ModelSource, required: bool):
             if required:
                 raise SpecDecError("a tokenizer is needed but the model object has no folder to load one from")
             return None
+    if not isinstance(source, (str, Path)):
+        raise SpecDecError(f"tokenizer must be a folder or a hub id, got {type(source).__name__}")
     text, folder = str(source), Path(source).expanduser()
     if folder.is_dir():
         text = str(folder)

@@ -9,13 +9,17 @@ ones get 503), lets running requests finish for ``--graceful-timeout`` seconds, 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from specdec.cli_checks import number
 from specdec.errors import SpecDecError
 from specdec.generate_cli import (
     _resolve_models,
@@ -28,6 +32,21 @@ from specdec.generate_cli import (
 DEFAULT_SERVED_NAME = "specdec-default-pair"
 SHUTDOWN_BACKSTOP = 5.0
 """Seconds past --graceful-timeout after which uvicorn cancels what is left."""
+API_KEY_ENV = "SPECDEC_API_KEY"
+BACKLOG = 2048
+"""Connections the listening socket queues (uvicorn's default)."""
+
+
+def _served_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"is empty ({text!r}); omit it to serve under MODEL's name")
+    return text
+
+
+def _api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; omit it to serve without a key")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,22 +60,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "default target)")
     add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    p.add_argument("--served-model-name", help="the model name clients send (default: MODEL, or "
+    p.add_argument("--port", type=number(int, 0, 65535, " (0: any free port)"), default=8000,
+                   help="port to listen on, 0..65535; 0: any free port, named in the startup line (default 8000)")
+    p.add_argument("--served-model-name", type=_served_name, help="the model name clients send (default: MODEL, or "
                    f"{DEFAULT_SERVED_NAME!r} for the embedded pair)")
     p.add_argument("--prefill-share", type=float, default=None, metavar="SHARE",
                    help="on a CPU, where chunked prefill's default budget is paced: what a step's prompt tokens "
                    "may add to it, as a share of a decoding step; more feeds waiting prompts sooner (time to first "
                    "token), the running streams wait longer between tokens (default 0.5)")
-    p.add_argument("--max-queue-len", type=int, default=256,
+    p.add_argument("--max-queue-len", type=number(int, 0), default=256,
                    help="sequences that may wait for a slot; more get HTTP 429 (default 256)")
-    p.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+    p.add_argument("--max-request-bytes", type=number(int, 1), default=4 * 1024 * 1024,
                    help="largest request body accepted; more get HTTP 413 (default 4 MiB)")
     p.add_argument("--seed", type=int, default=0, help="seed of the seeds of unseeded requests (default 0)")
-    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY; unset: no auth)")
+    p.add_argument("--api-key", type=_api_key,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY; unset or empty: "
+                   "no auth)")
     p.add_argument("--chat-template", type=Path, help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--graceful-timeout", type=float, default=30.0,
+    p.add_argument("--graceful-timeout", type=number(float, 0), default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     _add_replica_flags(p)
@@ -117,12 +138,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from specdec.scheduler import prefill_share_of
     from specdec.server.app import create_app
 
-    template = None
-    if args.chat_template is not None:
-        try:
-            template = args.chat_template.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecDecError(f"cannot read --chat-template {str(args.chat_template)!r}: {exc.strerror}") from None
+    api_key = resolved_api_key(args.api_key, os.environ)
+    template = None if args.chat_template is None else read_chat_template(args.chat_template)
     # here, not in each replica's LLM: a bad share is one line before anything loads
     device = _replica_device(args) if args.replicas is not None else resolve_device(args.device)
     prefill_share_of(args.prefill_share, args.enable_chunked_prefill, args.max_num_batched_tokens, device,
@@ -143,16 +160,28 @@ def run_serve(args: argparse.Namespace) -> int:
                       kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
                       deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
-    if settings is not None:
-        app_kwargs = dict(served_model_name=name, api_key=args.api_key or None, chat_template=template,
+    # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
+    sockets = bind_sockets(args.host, args.port)
+    if settings is not None:  # Ray Serve's proxy binds the port itself: only checked here
+        for sock in sockets:
+            sock.close()
+        app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
                           max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
-        return _run_replicas(args, settings, llm_kwargs, app_kwargs, f"{name!r} (target {model}; {what})")
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    llm = LLM(**llm_kwargs)
-    app = create_app(llm, served_model_name=name, api_key=args.api_key or None, chat_template=template,
-                     max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
+        return _run_replicas(args, settings, llm_kwargs, app_kwargs, f"{name!r} (target {model}; {what})", api_key)
+    try:
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        llm = LLM(**llm_kwargs)
+        app = create_app(llm, served_model_name=name, api_key=api_key or "", chat_template=template,
+                         max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
+        listen(sockets, args.host, args.port)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     state = app.state.specdec
+    port = sockets[0].getsockname()[1]  # the port chosen for --port 0
+    url = f"http://{address(args.host, port)}"
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -161,19 +190,112 @@ def run_serve(args: argparse.Namespace) -> int:
                 state.loop.call_soon_threadsafe(state.drain, args.graceful_timeout)
             super().handle_exit(sig, frame)
 
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # uvicorn says where it listens only when it binds the sockets itself
+                logging.getLogger("uvicorn.error").info("Uvicorn running on %s (Press CTRL+C to quit)", url)
+
     # The app ends the requests still running at --graceful-timeout itself, each with an answer in
     # OpenAI's shape; uvicorn's own timeout (which cancels them with none) is a backstop past it.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    config = uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.graceful_timeout + SHUTDOWN_BACKSTOP)
     print(f"specdec serve: {name!r} (target {model}; {backend_line(llm.target)}; {what}; {llm.device}, "
           f"max_num_seqs {llm.max_num_seqs}, max_model_len {llm.max_model_len}; "
-          f"auth {'on' if args.api_key else 'off'}) at "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+          f"auth {'on' if api_key else 'off'}) at {url}/v1", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down: let that be a no-op, so a
     # graceful SIGTERM ends with status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    Server(config).run()
+    Server(config).run(sockets=sockets)
     return 0
+
+
+def resolved_api_key(flag: str | None, environ) -> str | None:
+    """The key ``/v1`` requires: ``--api-key`` (never empty: argparse refuses that), else ``$SPECDEC_API_KEY``,
+    where empty means unset (None: no auth), and blank (spaces only) is refused like an empty flag."""
+    if flag is not None:
+        return flag
+    key = environ.get(API_KEY_ENV) or None
+    if key is not None and not key.strip():
+        raise SpecDecError(f"${API_KEY_ENV} is blank ({key!r}); unset it (or set it empty) to serve without a key")
+    return key
+
+
+def read_chat_template(path: Path) -> str:
+    """The text of ``--chat-template``, compiled here as ``transformers`` will render it, so that a syntax
+    error stops the server at start rather than failing every chat request with a 400."""
+    import jinja2
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecDecError(f"cannot read --chat-template {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecDecError(f"cannot read --chat-template {str(path)!r}: not UTF-8 text ({exc.reason} at byte "
+                           f"{exc.start})") from None
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_template
+    except ImportError:  # an older or newer transformers: its environment's syntax, near enough
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        compile_template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                         extensions=[loopcontrols]).from_string
+    try:
+        compile_template(text)
+    except jinja2.TemplateSyntaxError as exc:
+        message = " ".join(str(exc.message).split())
+        raise SpecDecError(f"--chat-template {str(path)!r} is not a valid Jinja template: line {exc.lineno}: "
+                           f"{message}") from None
+    return text
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> SpecDecError:
+    reason = exc.strerror or errno.errorcode.get(exc.errno or 0) or str(exc)
+    return SpecDecError(f"cannot listen on {address(host, port)}: {reason[:1].lower()}{reason[1:]}")
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound (not yet listening: until the app is ready a client is refused, not kept waiting) to every
+    address of ``host`` at ``port``, as uvicorn binds them (``SO_REUSEADDR``, IPv6 sockets IPv6-only); with
+    ``port`` 0 the first gets a free port and the others the same. Held from before the model loads until uvicorn
+    serves on them, so that no other process can take the port meanwhile; a port in use or a host that is no
+    address of this machine is a :class:`SpecDecError`."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _cannot_listen(host, port, exc if isinstance(exc, OSError) else OSError(0, "not a host name")) \
+            from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, where in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                where = (where[0], sockets[0].getsockname()[1], *where[2:])
+            sock.bind(where)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise _cannot_listen(host, port, exc) from None
+    return sockets
+
+
+def listen(sockets: list[socket.socket], host: str, port: int) -> None:
+    """Start listening on ``sockets`` (:func:`bind_sockets`): a process that bound the same port meanwhile and
+    listens first makes this a :class:`SpecDecError`."""
+    try:
+        for sock in sockets:
+            sock.listen(BACKLOG)
+    except OSError as exc:
+        raise _cannot_listen(host, port, exc) from None
 
 
 def _replica_device(args: argparse.Namespace):
@@ -212,7 +334,7 @@ def _replica_settings(args: argparse.Namespace):
 
 
 def _run_replicas(args: argparse.Namespace, settings, llm_kwargs: dict[str, Any], app_kwargs: dict[str, Any],
-                  what: str) -> int:
+                  what: str, api_key: str | None) -> int:
     """Serve ``settings.num_replicas`` replicas behind Ray Serve until SIGTERM or Ctrl+C, then stop them
     gracefully (see :func:`specdec.serve_ray.stop_replicas`) and exit with status 0."""
     import threading
@@ -227,7 +349,7 @@ def _run_replicas(args: argparse.Namespace, settings, llm_kwargs: dict[str, Any]
     scaling = (f"autoscaling {settings.min_replicas or 1}..{settings.max_replicas}" if settings.max_replicas
                else f"{settings.num_replicas} replicas")
     print(f"specdec serve: {what}; {scaling} x ({settings.num_cpus:g} CPU, {settings.num_gpus:g} GPU, "
-          f"{settings.torch_threads} torch threads) behind Ray Serve; auth {'on' if args.api_key else 'off'}; at "
+          f"{settings.torch_threads} torch threads) behind Ray Serve; auth {'on' if api_key else 'off'}; at "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.arrivals import check_rates, poisson_arrivals
+from specdec.cli_checks import number
 from specdec.errors import SpecDecError
 from specdec.inflate.pair import add_shape_flags
 
@@ -204,18 +205,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name to send (default: none, the server's own)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="levels (default 1 4 16 64)")
-    p.add_argument("--num-requests", type=int, default=None,
+    p.add_argument("--num-requests", type=number(int, 1), default=None,
                    help="requests per level (default: 2 x concurrency, at least 8; at a request rate, 2 x the "
                    "largest concurrency level)")
     p.add_argument("--request-rate", type=float, nargs="+", default=None, metavar="RATE",
                    help="open loop: the levels are request rates instead of concurrencies (the code workload with "
                    "--in-process), --num-requests requests arriving at random (a Poisson process, seeded by "
                    "--seed, the same for every method) at RATE a second on average, whatever is in flight")
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens per request (ignore_eos; default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
-    p.add_argument("--num-prompts", type=int, default=64, help="held-out code prompts to cycle through (default 64)")
-    p.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default 2)")
-    p.add_argument("--disconnect-fraction", type=float, default=0.0,
+    p.add_argument("--max-tokens", type=number(int, 1), default=32, help="tokens per request (ignore_eos; default 32)")
+    p.add_argument("--temperature", type=number(float, 0), default=0.0, help="default 0 (greedy)")
+    p.add_argument("--num-prompts", type=number(int, 1), default=64,
+                   help="held-out code prompts to cycle through (default 64)")
+    p.add_argument("--warmup", type=number(int, 0), default=2, help="requests sent before measuring (default 2)")
+    p.add_argument("--disconnect-fraction", type=number(float, 0, 1), default=0.0,
                    help="share of requests that disconnect after 1-4 chunks (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and of the disconnects")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
@@ -243,9 +245,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the step's token budget with chunked prefill (default: the engine's)")
     g.add_argument("--prefill-share", type=float, default=None, metavar="SHARE",
                    help="the benchmarked engine's prefill_share (as specdec serve's; default the engine's)")
-    g.add_argument("--goodput-ttft-ms", type=float, default=1000.0,
+    g.add_argument("--goodput-ttft-ms", type=number(float, 0), default=1000.0,
                    help="goodput counts requests with TTFT at most this (default 1000)")
-    g.add_argument("--goodput-itl-ms", type=float, default=50.0,
+    g.add_argument("--goodput-itl-ms", type=number(float, 0), default=50.0,
                    help="... and mean ITL at most this (default 50)")
     g.add_argument("--flood-prompt-tokens", type=int, default=448, help="tokens of each flood prompt (default 448)")
     g.add_argument("--flood-stream-tokens", type=int, default=96,
@@ -258,8 +260,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
+    from specdec.cli_checks import check_output_file
     from specdec.train.corpus import code_prompts
 
+    if args.json is not None:  # before the run, not after it
+        check_output_file(args.json, "--json")
     if args.in_process:
         from specdec.bench.serving import run_in_process
 
@@ -314,5 +319,25 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
                                          "levels": rows}, indent=1))
+    failure = run_failure(rows, args.base_url)
+    if failure is not None:
+        print(f"specdec bench-serve: error: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def run_failure(rows: list[dict[str, Any]], base_url: str) -> str | None:
+    """Why a run measured nothing, in one line: no request of any level completed and some failed (every one a
+    disconnect on purpose, ``--disconnect-fraction 1``, is no failure); None when some request completed."""
+    failed = sum(row["errors"] for row in rows)
+    if failed == 0 or any(row["completed"] for row in rows):
+        return None
+    total = sum(row["requests"] for row in rows)
+    first = " ".join(next(e for row in rows for e in row["first_errors"]).split())
+    hint = ""
+    if first.startswith("HTTP 404") and not base_url.rstrip("/").endswith("/v1"):
+        hint = f" (--base-url {base_url} does not end in /v1)"
+    which = f"all {total} requests failed" if failed == total else \
+        f"no request completed: {failed} of {total} failed, the others disconnected"
+    return f"{which}; the first: {first[:300]}{hint}"
 

@@ -1,5 +1,5 @@
 """OpenAI's two ``logprobs`` shapes, built from the Python API's per-token logprobs
-(:data:`~specdec.llm.TokenLogprobDict`: the chosen token first, then the top tokens best first).
+(:data:`~specdec.outputs.TokenLogprobDict`: the chosen token first, then the top tokens best first).
 
 Completions (``logprobs: N``): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``; each
 ``top_logprobs`` entry maps the text of the ``N`` most likely tokens, and of the chosen token when it is not

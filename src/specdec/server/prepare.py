@@ -134,7 +134,7 @@ class Preparer:
         for prompt in prompts:
             if isinstance(prompt, str):
                 self._check_bytes(len(prompt.encode("utf-8")), "prompt")
-        encoded = [self.llm.encode_prompt(p) for p in prompts]
+        encoded = [self._encoded(p, "prompt") for p in prompts]
         self._check_params(req, req.max_tokens, "max_tokens", encoded)
         return Prepared(req, encoded, req.max_tokens, self._echo_texts(encoded) if req.echo else None)
 
@@ -154,7 +154,7 @@ class Preparer:
         self._check_bytes(sum(len(m["content"].encode("utf-8")) for m in conversation), "messages")
         text = self._render(conversation)
         ids = self.llm.tokenizer(text, add_special_tokens=False)["input_ids"]
-        prompt = self.llm.encode_prompt({"prompt": text, "prompt_token_ids": ids})
+        prompt = self._encoded({"prompt": text, "prompt_token_ids": ids}, "messages")
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
         elif req.max_tokens is not None:
@@ -165,6 +165,13 @@ class Preparer:
         return Prepared(req, [prompt], max_tokens)
 
     # ------------------------------------------------------------------ checks
+    def _encoded(self, prompt: str | dict[str, Any], param: str) -> tuple[str | None, list[int]]:
+        """:meth:`~specdec.llm.LLM.encode_prompt`, a bad prompt a 400 naming ``param``."""
+        try:
+            return self.llm.encode_prompt(prompt)
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param=param) from None
+
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
@@ -187,8 +194,9 @@ class Preparer:
         try:
             self.llm.check_params(req.sampling_params(max_tokens, 0))
         except SpecDecError as exc:  # its message starts with the field's name
-            field = str(exc).split(" ", 1)[0]
-            field = param if field == "max_tokens" else field if field in type(req).model_fields else None
+            field = str(exc).split(" ", 1)[0]  # else a constraint that does not compile
+            field = (param if field == "max_tokens" else field if field in type(req).model_fields
+                     else next(iter(req.constraint_fields()), None))
             raise APIError(400, str(exc), param=field) from None
         limit = self.llm.max_model_len
         longest = max(len(ids) for _, ids in prompts)

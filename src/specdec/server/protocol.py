@@ -31,9 +31,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specdec.errors import SpecDecError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.metrics import RequestMetrics
-from specdec.sampling import SamplingParams
+from specdec.sampling import MAX_SEED, SamplingParams
 from specdec.structured import StructuredOutputsParams
 
 USAGE_EXTENSION = "specdec"
@@ -186,6 +187,9 @@ class SamplingFields(_Strict):
         ``seed + choice``, so choice 0 is what the same request with ``n=1`` returns)."""
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be an integer in 1..{MAX_N}, got {self.n}", param="n")
+        if self.seed is not None and self.seed <= MAX_SEED < self.seed + self.n - 1:
+            raise APIError(400, f"seed is {self.seed} and n is {self.n}: choice i samples with seed + i, and seed + "
+                                f"n - 1 must be at most 2**64-1", param="seed")
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
@@ -199,24 +203,38 @@ class SamplingFields(_Strict):
     def constraint(self) -> StructuredOutputsParams | None:
         """The request's structured-output constraint, from whichever of ``response_format``,
         ``structured_outputs`` and the ``guided_*`` fields it sets (more than one is a 400)."""
-        given: dict[str, StructuredOutputsParams] = {}
-        fmt = self.response_format
-        if fmt is not None and fmt.type == "json_object":
-            given["response_format"] = StructuredOutputsParams(json_object=True)
-        elif fmt is not None and fmt.type == "json_schema":
+        given = self.constraint_fields()
+        if len(given) > 1:
+            raise APIError(400, f"a request takes one structured-output constraint, got {', '.join(given)}",
+                           param=given[0])
+        if not given:
+            return None
+        name, fmt = given[0], self.response_format
+        try:
+            if name == "structured_outputs":
+                return StructuredOutputsParams.from_dict(self.structured_outputs)
+            if name != "response_format":
+                return StructuredOutputsParams(**{dict(GUIDED_FIELDS)[name]: getattr(self, name)})
+            if fmt.type == "json_object":
+                return StructuredOutputsParams(json_object=True)
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError(400, "response_format of type 'json_schema' needs json_schema.schema",
                                param="response_format.json_schema")
-            given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
-        if self.structured_outputs is not None:
-            given["structured_outputs"] = StructuredOutputsParams.from_dict(self.structured_outputs)
-        for name, kind in GUIDED_FIELDS:
-            if getattr(self, name) is not None:
-                given[name] = StructuredOutputsParams(**{kind: getattr(self, name)})
-        if len(given) > 1:
-            raise APIError(400, f"a request takes one structured-output constraint, got {', '.join(given)}",
-                           param=next(iter(given)))
-        return next(iter(given.values()), None)
+            return StructuredOutputsParams(json=fmt.json_schema.schema_)
+        except SpecDecError as exc:  # named by the field that carries it
+            raise APIError(400, str(exc), param=name) from None
+
+    def constraint_fields(self) -> list[str]:
+        """The fields that carry a structured-output constraint (a request may set one)."""
+        names = ["response_format"] if self.response_format is not None and self.response_format.type != "text" else []
+        return names + [name for name in ("structured_outputs", *(g for g, _ in GUIDED_FIELDS))
+                        if getattr(self, name) is not None]
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        return self
 
     @property
     def include_usage(self) -> bool:

@@ -4,7 +4,7 @@ HTTP handlers never touch model state: they hand :class:`Job` objects to the wor
 (``submit``/``abort`` put commands on a thread-safe queue) and await each job's outputs on
 an asyncio queue of their own. Between two steps the worker applies every queued command
 (new sequences join the batch, aborted ones leave it and free their slot), then runs one
-step and hands each sequence's new :class:`~specdec.llm.StreamOutput` to its job. While
+step and hands each sequence's new :class:`~specdec.outputs.StreamOutput` to its job. While
 nothing runs it sleeps on the command queue; when it falls idle it first returns the free heap to the
 system (at most every ``TRIM_EVERY`` seconds).
 """

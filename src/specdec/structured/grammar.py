@@ -22,6 +22,14 @@ from specdec.structured.params import StructuredOutputsParams
 INSTALL_HINT = ('structured output needs the llguidance package: pip install "specdec[structured]" '
                 "(or pip install llguidance)")
 MAX_CACHED_GRAMMARS = 256
+PROBE_STEPS = 4  # tokens a new constraint is walked at compile time (see _probe)
+MAX_MESSAGE_CHARS = 400
+DUMP_MARKERS = ("<state>", "<backtrace>", "<non-verbose/>")  # llguidance appends its state or a backtrace after
+# How llguidance's errors for a constraint past its resource limits begin (a regex's own parse errors, which echo
+# the regex, begin otherwise):
+RESOURCE_ERRORS = ("lexer error: too many", "parser error: too many", "too many", "recursion limit", "lexer error: "
+                   "fuel", "parser error: fuel")
+KNOWN_PANICS = {"grammar.symbols.len() < u16::MAX": "too many grammar symbols (llguidance allows about 65,000)"}
 
 
 def llguidance() -> Any:
@@ -39,7 +47,11 @@ class GrammarCache:
     model vocabulary of ``vocab_size`` rows (token ids past the tokenizer's are never allowed);
     ``eos_ids`` end a sequence once its constraint is complete. The most recent
     :data:`MAX_CACHED_GRAMMARS` compiled constraints are kept, each as a matcher in its initial state
-    that every request copies (a copy costs microseconds; compiling a schema costs milliseconds)."""
+    that every request copies (a copy costs microseconds; compiling a schema costs milliseconds).
+
+    A compiled constraint is probed before it is cached (:func:`_probe`), so that a constraint that matches no
+    text, or one past llguidance's resource limits, is a SpecDecError when the request is submitted instead of
+    an empty output or a failure mid-generation."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         lib = llguidance()
@@ -78,6 +90,14 @@ class GrammarCache:
         took, reported once: to the first matcher made after it (0.0 for every later one)."""
         self.compile(params)
         entry = self._cache[params.key]
+        # Copies share the prototype's lexer: one that a request drove past llguidance's limits fails every later
+        # copy at its first mask (which would then allow only end-of-sequence). Such a prototype is compiled anew.
+        check = entry[0].deep_copy()
+        check.compute_logit_bias()
+        if check.is_error():
+            del self._cache[params.key]
+            self.compile(params)
+            entry = self._cache[params.key]
         seconds, entry[1] = entry[1], 0.0
         return entry[0].deep_copy(), seconds
 
@@ -93,16 +113,74 @@ class GrammarCache:
             else:  # choice: a JSON list; grammar: Lark or GBNF
                 grammar = lib.grammar_from("choice" if kind == "choice" else "grammar", text)
         except ValueError as exc:
-            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(str(exc))}") from None
-        failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+            raise compile_error(what, str(exc)) from None
+        limits = lib.LLParserLimits(verbose_errors=False)  # no parser state dumped into messages
+        failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
         if failed:
-            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(messages[0])}")
-        matcher = lib.LLMatcher(self.tokenizer, grammar, log_level=0)
+            raise compile_error(what, messages[0])
+        matcher = lib.LLMatcher(self.tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
-            raise SpecDecError(f"invalid {what} in structured_outputs: {_one_line(matcher.get_error())}")
+            raise compile_error(what, matcher.get_error())
+        _probe(matcher, what, self.eos_ids)
         return matcher
 
 
-def _one_line(message: str) -> str:
-    """llguidance's message (which may draw a caret under the error over several lines) on one line."""
-    return " ".join(message.split())
+def _probe(matcher: Any, what: str, eos_ids: frozenset[int]) -> None:
+    """Walk a copy of a freshly compiled ``matcher`` :data:`PROBE_STEPS` tokens down one path (the lowest allowed
+    token id each time), computing each mask: llguidance builds its lexer lazily, so a constraint past its limits
+    (``a{1000000}``: "too many expressions constructed") fails only there, and so does one that matches no text
+    (the initial state allows no token and does not accept). Either is a SpecDecError. A constraint that accepts
+    the empty text (only end-of-sequence allowed at first) passes: it may end at once."""
+    probe = matcher.deep_copy()
+    for step in range(PROBE_STEPS + 1):
+        allowed = probe.compute_logit_bias()  # one byte per token: 0 (forbidden) or 200 (allowed)
+        if probe.is_error():
+            message = probe.get_error()
+            if step == 0 and clean_message(message) in ("NoExtension", "NoExtensionBias"):
+                raise SpecDecError(f"the {what} in structured_outputs matches no text (no output can satisfy it)")
+            raise compile_error(what, message)
+        token = _first_allowed(allowed, eos_ids)
+        if token is None:
+            if step == 0 and not probe.is_accepting():
+                raise SpecDecError(f"the {what} in structured_outputs matches no text (no output can satisfy it)")
+            return
+        if step == PROBE_STEPS:
+            return
+        if not probe.consume_token(token) or probe.is_error():
+            raise compile_error(what, probe.get_error())
+
+
+def _first_allowed(allowed: bytes, eos_ids: frozenset[int]) -> int | None:
+    """The lowest token id that ``allowed`` (one byte per token, nonzero: allowed) allows, other than ``eos_ids``."""
+    index = allowed.find(200)
+    while index in eos_ids:
+        index = allowed.find(200, index + 1)
+    return index if index >= 0 else None
+
+
+def compile_error(what: str, message: str) -> SpecDecError:
+    """llguidance's compilation error ``message`` as a SpecDecError: a constraint past its resource limits is "too
+    large", anything else "invalid"."""
+    text = clean_message(message)
+    if text.lower().startswith(RESOURCE_ERRORS) or text in KNOWN_PANICS.values():
+        return SpecDecError(f"the {what} in structured_outputs is too large for the grammar engine: {text}")
+    if message.startswith("panic: "):
+        return SpecDecError(f"the grammar engine failed on the {what} in structured_outputs: {text}")
+    return SpecDecError(f"invalid {what} in structured_outputs: {text}")
+
+
+def clean_message(message: str) -> str:
+    """llguidance's ``message`` on one line (it may draw a caret under the error over several lines) without the
+    parser state or the Rust backtrace it may append (build paths, dozens of frames), at most
+    :data:`MAX_MESSAGE_CHARS` characters; a Rust panic's known assertions in words."""
+    lines = []
+    for line in message.splitlines():
+        if line.strip() in DUMP_MARKERS:
+            break
+        lines.append(line)
+    text = " ".join(" ".join(lines).split())
+    text = text.removeprefix("panic: ")
+    for assertion, words in KNOWN_PANICS.items():
+        if assertion in text:
+            text = words
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."

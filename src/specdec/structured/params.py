@@ -12,6 +12,11 @@ from specdec.errors import SpecDecError
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 ANY_JSON_OBJECT = '{"type":"object"}'
+# llguidance compiles a choice in time quadratic in its entries (10,000: 0.3 s; 60,000: 7 s) and panics past
+# about 65,000 grammar symbols.
+MAX_CHOICES = 10_000
+# llguidance refuses a schema nested past about 124 levels (serde_json's limit); Python's json fails near 1,000.
+MAX_SCHEMA_DEPTH = 100
 
 
 def _text(value: object, name: str) -> str:
@@ -21,6 +26,29 @@ def _text(value: object, name: str) -> str:
         raise SpecDecError(f"structured_outputs {name!r} must be a non-empty string, got {value!r}")
     check_text(value, f"structured_outputs {name!r}")
     return value
+
+
+def _depth(value: object, limit: int) -> int:
+    """How deeply ``value``'s dicts and lists nest (a scalar: 0), counted without recursion and only up to
+    ``limit + 1`` (deeper is not looked at): a schema can be nested far past Python's recursion limit."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        deepest = max(deepest, depth)
+        if depth <= limit:
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a refused value may be huge)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"a {type(value).__name__} nested too deeply to show"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,10 +91,12 @@ class StructuredOutputsParams:
             kind, text = "json", ANY_JSON_OBJECT
         elif kind == "choice":
             choice = self.choice
+            if isinstance(choice, (list, tuple)) and len(choice) > MAX_CHOICES:
+                raise SpecDecError(f"structured_outputs 'choice' has {len(choice)} entries; at most {MAX_CHOICES}")
             if (not isinstance(choice, (list, tuple)) or not choice
                     or not all(isinstance(c, str) and c for c in choice)):
                 raise SpecDecError(f"structured_outputs 'choice' must be a non-empty list of non-empty strings, "
-                                   f"got {choice!r}")
+                                   f"got {_short(choice)}")
             for c in choice:
                 _text(c, "choice")
             object.__setattr__(self, "choice", tuple(choice))
@@ -78,13 +108,22 @@ class StructuredOutputsParams:
     @staticmethod
     def _schema(schema: object) -> str:
         """The compact JSON text of a schema given as a dict or as JSON text."""
+        too_deep = f"structured_outputs 'json' is nested more than {MAX_SCHEMA_DEPTH} levels deep"
         if isinstance(schema, str):
             try:
                 schema = json_module.loads(schema)
+            except RecursionError:
+                raise SpecDecError(too_deep) from None
             except ValueError as exc:
                 raise SpecDecError(f"structured_outputs 'json' is not valid JSON: {exc}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise SpecDecError(f"structured_outputs 'json' must be a JSON schema (an object), got {schema!r}")
+        if schema is False:
+            raise SpecDecError("structured_outputs 'json' is the schema false, which matches no text")
+        if schema is True:  # the schema that any JSON value satisfies
+            schema = {}
+        if not isinstance(schema, dict):
+            raise SpecDecError(f"structured_outputs 'json' must be a JSON schema (an object), got {_short(schema)}")
+        if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+            raise SpecDecError(too_deep)
         try:
             # Key order is kept: llguidance generates an object's properties in the schema's order.
             return json_module.dumps(schema, separators=(",", ":"), allow_nan=False)

@@ -28,7 +28,12 @@ from typing import Any
 
 import torch
 
-from specdec.structured.grammar import llguidance
+from specdec.structured.grammar import clean_message, llguidance
+
+
+class GrammarEngineError(RuntimeError):
+    """llguidance failed on a constraint while its output was being generated (past a resource limit the
+    compile-time probe did not reach): the step fails, so the caller sees it instead of a broken output."""
 
 
 @cache
@@ -62,13 +67,20 @@ class GrammarState:
 
     def commit(self, tokens: list[int]) -> None:
         """Advance over the step's committed tokens (once the grammar is complete only end-of-sequence
-        tokens can be emitted, and there is nothing more to consume)."""
+        tokens can be emitted, and there is nothing more to consume).
+
+        A matcher in llguidance's error state (a resource limit hit while computing a mask, after which the mask
+        allows only end-of-sequence) is a :class:`GrammarEngineError` here, never an output that ends with
+        ``"stop"`` while its constraint is broken or incomplete."""
         for token in tokens:
+            if self.matcher.is_error():
+                raise GrammarEngineError(f"structured output: the grammar engine failed while generating this "
+                                         f"constraint's output: {clean_message(self.matcher.get_error())}")
             if self.matcher.is_stopped():
                 return
             if not self.matcher.consume_token(token):
-                raise RuntimeError(f"structured output: committed token {token} violates the grammar "
-                                   f"({self.matcher.get_error()})")
+                raise GrammarEngineError(f"structured output: the grammar engine failed at committed token {token}: "
+                                         f"{clean_message(self.matcher.get_error())}")
 
     def draft_matcher(self) -> Any:
         """The state after the tokens drafted so far this step (a copy of ``matcher``), or None after a drafted

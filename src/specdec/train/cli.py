@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from specdec.cli_checks import check_new_folder, check_output_folder, number
 from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
@@ -43,20 +44,22 @@ def _add_model_flags(parser: argparse.ArgumentParser, default_preset: str) -> No
 
 def _add_train_flags(parser: argparse.ArgumentParser, default_lr: float) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--out", required=True, type=Path, help="output model folder")
+    group.add_argument("--out", required=True, type=Path,
+                       help="output model folder: new or empty (with --resume, the folder of the run to continue)")
     group.add_argument("--batch-size", type=int, default=4, help="sequences per micro-batch (default 4)")
     group.add_argument(
         "--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)"
     )
     group.add_argument(
-        "--lr", type=float, default=default_lr, help=f"peak learning rate (default {default_lr:g})"
+        "--lr", type=number(float, 0, above=True), default=default_lr,
+        help=f"peak learning rate (default {default_lr:g})",
     )
     group.add_argument("--warmup-steps", type=int, default=200, help="linear warm-up steps (default 200)")
-    group.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default 0.1)")
+    group.add_argument("--weight-decay", type=number(float, 0), default=0.1, help="AdamW weight decay (default 0.1)")
     group.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     group.add_argument(
         "--time-budget",
-        type=float,
+        type=number(float, 0, above=True),
         default=None,
         metavar="SECONDS",
         help="stop and save after this many seconds in the training loop (set-up and data preparation "
@@ -118,9 +121,23 @@ def _print_summary(summary: dict[str, Any], keys: list[str]) -> None:
     print(" ".join(f"{k}={summary[k]}" for k in keys if k in summary), flush=True)
 
 
+RESUME_HINT = " (--resume continues the run saved there)"
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """``--out`` of a training run, before anything slow: a new or empty folder that can be written (one
+    run's files never mix with another's, as ``specdec inflate`` refuses a non-empty DST), or with
+    ``--resume`` the folder of the run to continue."""
+    if getattr(args, "resume", False):
+        check_output_folder(args.out, "--out")
+    else:
+        check_new_folder(args.out, "--out", RESUME_HINT if hasattr(args, "resume") else "")
+
+
 def _run_tokenizer(args: argparse.Namespace) -> int:
     from specdec.train.tokenizer import train_tokenizer
 
+    _check_out(args)
     out = train_tokenizer(args.out, vocab_size=args.vocab_size, corpus_dirs=args.corpus)
     print(f"tokenizer saved to {out}", flush=True)
     return 0
@@ -129,6 +146,7 @@ def _run_tokenizer(args: argparse.Namespace) -> int:
 def _run_lm(args: argparse.Namespace) -> int:
     from specdec.train.lm import train_lm
 
+    _check_out(args)
     summary = train_lm(args.tokenizer, _preset(args, "lm"), _settings(args), args.corpus, args.cache_dir)
     _print_summary(
         summary, ["steps", "tokens", "wall_time_s", "tokens_per_s", "final_train_loss", "final_heldout_loss"]
@@ -139,6 +157,7 @@ def _run_lm(args: argparse.Namespace) -> int:
 def _run_draft(args: argparse.Namespace) -> int:
     from specdec.train.draft import DistillSettings, train_draft
 
+    _check_out(args)
     distill = DistillSettings(
         ce_weight=args.ce_weight,
         generated_fraction=args.generated_fraction,
@@ -178,6 +197,7 @@ def _run_draft(args: argparse.Namespace) -> int:
 def _run_heads(args: argparse.Namespace) -> int:
     from specdec.train.heads import FEATURE_WEIGHT, resolve_head_preset, train_heads
 
+    _check_out(args)
     preset = resolve_head_preset(args.preset, getattr(args, "num_heads", None), args.intermediate_size, args.context)
     summary = train_heads(args.train_command.replace("-", "_"), args.target, preset, _settings(args),
                           corpus_dirs=args.corpus, cache_dir=args.cache_dir,
@@ -195,6 +215,7 @@ def _run_heads(args: argparse.Namespace) -> int:
 def _run_token_counts(args: argparse.Namespace) -> int:
     from specdec.train.heads import write_token_counts
 
+    check_output_folder(args.out, "--out")  # a model folder that exists (checked next) and can be written
     total = write_token_counts(args.target, args.out, args.corpus, args.cache_dir, args.draft_vocab_size)
     print(f"wrote the counts of {total} training tokens to {args.out}")
     return 0
@@ -245,7 +266,7 @@ def _add_heads(sub: argparse._SubParsersAction) -> None:
             shape.add_argument("--feature-layers", type=_layer_list, default=None, metavar="I,J,...",
                                help="EAGLE-3: fuse these hidden states of the target (0 the embeddings, i layer "
                                "i's output, -1 the final normed one), e.g. 2,3,-1 (default: the final one alone)")
-            shape.add_argument("--feature-weight", type=float, default=1.0,
+            shape.add_argument("--feature-weight", type=number(float, 0), default=1.0,
                                help="weight of the feature regression next to the KL term (default 1)")
             shape.add_argument("--format", dest="head_format", choices=("specdec", "eagle3"), default="specdec",
                                help="specdec: specdec's head folder (default); eagle3: an EAGLE-3 head in the layout "
@@ -269,7 +290,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a corpus")
     _add_corpus(tok)
     tok.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size (default 8192)")
-    tok.add_argument("--out", required=True, type=Path, help="output tokenizer folder")
+    tok.add_argument("--out", required=True, type=Path, help="output tokenizer folder (new or empty)")
     tok.set_defaults(func=_run_tokenizer)
 
     lm = sub.add_parser("lm", help="pretrain a Llama target model on a corpus")
@@ -291,12 +312,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_train_flags(draft, 2e-3)
     distill = draft.add_argument_group("distillation")
     distill.add_argument(
-        "--ce-weight", type=float, default=None,
+        "--ce-weight", type=number(float, 0, 1), default=None,
         help="weight of data cross-entropy against KL to the target (default 0.1; 1 with another tokenizer)",
     )
     distill.add_argument(
         "--generated-fraction",
-        type=float,
+        type=number(float, 0, 1),
         default=0.0,
         help="fraction of each batch taken from target-generated continuations (default 0)",
     )
@@ -308,7 +329,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     distill.add_argument(
         "--generated-temperature",
-        type=float,
+        type=number(float, 0),
         default=1.0,
         help="sampling temperature of those continuations; 0 means greedy (default 1.0)",
     )
@@ -334,7 +355,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``specdec train`` sub-commands alone: ``python -m specdec.train.cli lm ...``."""
-    parser = argparse.ArgumentParser(prog="python -m specdec.train.cli")
+    from specdec.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m specdec.train.cli")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
     args = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])

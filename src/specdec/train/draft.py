@@ -71,9 +71,9 @@ class DistillSettings:
             raise SpecDecError(f"--generated-fraction must be in [0, 1], got {self.generated_fraction}")
         if self.generated_fraction > 0 and self.generated_sequences < 1:
             raise SpecDecError(f"--generated-sequences must be at least 1, got {self.generated_sequences}")
-        if self.generated_temperature < 0:
+        if not 0 <= self.generated_temperature < float("inf"):
             raise SpecDecError(
-                f"--generated-temperature must be non-negative, got {self.generated_temperature}"
+                f"--generated-temperature must be a finite non-negative number, got {self.generated_temperature}"
             )
         if self.acceptance_prompts < 1 or self.acceptance_tokens < CHAIN_K:
             raise SpecDecError(

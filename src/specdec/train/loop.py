@@ -88,10 +88,12 @@ class TrainSettings:
                 raise SpecDecError(f"--{name} must be at least 1, got {value}")
         if self.max_steps is not None and self.max_steps < 1:
             raise SpecDecError(f"--max-steps must be at least 1, got {self.max_steps}")
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise SpecDecError(f"--time-budget must be positive, got {self.time_budget}")
-        if self.lr <= 0:
-            raise SpecDecError(f"--lr must be positive, got {self.lr}")
+        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+            raise SpecDecError(f"--time-budget must be a finite positive number, got {self.time_budget}")
+        if not 0 < self.lr < math.inf:
+            raise SpecDecError(f"--lr must be a finite positive number, got {self.lr}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise SpecDecError(f"--weight-decay must be a finite non-negative number, got {self.weight_decay}")
         if self.warmup_steps < 0:
             raise SpecDecError(f"--warmup-steps must be non-negative, got {self.warmup_steps}")
         if self.save_dtype not in SAVE_DTYPES:
@@ -263,6 +265,14 @@ def evaluate(model: PreTrainedModel, loss_fn: LossFn, blocks: np.ndarray, batch_
     return total / max(count, 1)
 
 
+def check_finite(what: str, value: float, step: int) -> None:
+    """Raise :class:`SpecDecError` when the training ``value`` (a loss or gradient norm) of optimizer step
+    ``step`` is NaN or infinite: the run diverged, and its weights would be worthless."""
+    if not math.isfinite(value):
+        raise SpecDecError(f"training diverged at step {step}: the {what} is {value} (try a lower --lr); stopped "
+                           "without saving it")
+
+
 def _rewrite_log(path: Path, last_step: int) -> None:
     """Drop log rows written after the checkpoint that a run resumes from."""
     if not path.is_file():
@@ -379,7 +389,8 @@ def train(
                 (loss / settings.grad_accum).backward()
                 step_loss += float(loss.detach()) / settings.grad_accum
                 tokens += ids.numel()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            check_finite("training loss", step_loss, step + 1)  # before the optimizer applies its gradients
+            check_finite("gradient norm", float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)), step + 1)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -389,17 +400,19 @@ def train(
             evaluate_now = step % settings.eval_every == 0
             if evaluate_now:
                 heldout_loss = evaluate(model, loss_fn, eval_blocks, settings.batch_size)
+                check_finite("held-out loss", heldout_loss, step)
             if step % settings.log_every == 0 or evaluate_now:
                 write_row(lr, heldout_loss if evaluate_now else None)
             if step % settings.save_every == 0:
                 _save_checkpoint(model, optimizer, schedule, state(), out)
     except KeyboardInterrupt:
         _save_checkpoint(model, optimizer, schedule, state(), out)
-        bar.close()
         raise
-    bar.close()
+    finally:
+        bar.close()
 
     heldout_loss = evaluate(model, loss_fn, eval_blocks, settings.batch_size)
+    check_finite("held-out loss", heldout_loss, step)
     if interval_losses:
         write_row(lr, heldout_loss)
     total_elapsed = elapsed()

@@ -1,0 +1,53 @@
+"""What the offline API returns (shaped like vLLM's): a :class:`RequestOutput` per prompt, with a
+:class:`CompletionOutput` per generated sequence, and a :class:`StreamOutput` per streamed increment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.logprobs import Logprob
+from specdec.metrics import RequestMetrics
+
+TokenLogprobDict = dict[int, Logprob]
+"""One output position's logprobs as vLLM returns them: the chosen token first, then the request's
+``logprobs`` most likely tokens best first (one entry less when the chosen token is among them)."""
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence: its text (stop string excluded), token ids and why it ended. With
+    ``SamplingParams(logprobs=N)``: ``logprobs`` (one :data:`TokenLogprobDict` per token) and
+    ``cumulative_logprob`` (the chosen tokens' logprobs summed), else None."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprobDict] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+
+
+@dataclass
+class StreamOutput:
+    """One streamed increment: the new ``token_ids`` and ``text`` of a step; the last one has
+    ``finished=True``, the ``finish_reason`` and the request's final ``metrics``. ``logprobs``: one
+    :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked for them, else None."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    logprobs: list[TokenLogprobDict] | None = None

@@ -1,0 +1,105 @@
+"""Bad arguments to ``LLM`` and prompts of the wrong shape are a SpecDecError naming the problem, and drafting
+flags a command would drop are an error (exit 2, one line) rather than ignored."""
+
+import json
+
+import pytest
+from helpers import build_model
+
+from specdec import LLM, SpecDecError
+from specdec.assets import default_pair
+from specdec.cli import main
+from specdec.drafters import SpeculativeConfig
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    build_model("llama", seed=0).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("model,message", [(None, "model must be a folder, a hub id or a loaded PreTrainedModel, "
+                                                   "got NoneType"),
+                                          (5, "got int")])
+def test_a_model_of_the_wrong_type(model, message):
+    with pytest.raises(SpecDecError, match=message):
+        LLM(model)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"tokenizer": 5}, "tokenizer must be a folder or a hub id, got int"),
+    ({"device": "meta"}, "device 'meta' is not supported"),
+    ({"seed": -1}, r"seed must be an integer in 0..2\*\*64-1, got -1"),
+    ({"seed": 2**70}, "seed must be an integer"),
+    ({"seed": 1.5}, "seed must be an integer"),
+    ({"seed": "x"}, "seed must be an integer"),
+    ({"seed": True}, "seed must be an integer"),
+    ({"enforce_eager": "no"}, "enforce_eager must be True or False, got 'no'"),
+    ({"deterministic": 1}, "deterministic must be True or False, got 1"),
+])
+def test_bad_llm_arguments(folder, kwargs, message):
+    with pytest.raises(SpecDecError, match=message):
+        LLM(folder, dtype="float64", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    pair = default_pair()
+    if pair is None:
+        pytest.skip("the embedded default pair is not shipped")
+    return LLM(pair[0], dtype="float32")
+
+
+def test_a_text_prompt_dict_is_its_text(embedded):
+    from specdec import SamplingParams
+
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    as_dict = embedded.generate({"prompt": "def add(a, b):"}, params)[0]
+    as_text = embedded.generate("def add(a, b):", params)[0]
+    assert as_dict.prompt == "def add(a, b):" and as_dict.prompt_token_ids == as_text.prompt_token_ids
+    assert as_dict.outputs[0].token_ids == as_text.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ({"prompt": "a", "max_tokens": 3}, "unknown key 'max_tokens' in a prompt"),
+    ({"text": "a"}, "unknown key 'text' in a prompt"),
+    ({"prompt": 5}, "a prompt dict needs 'prompt' \\(a string\\) or 'prompt_token_ids'"),
+    ({}, "a prompt dict needs 'prompt'"),
+    ([5], "a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got int"),
+])
+def test_prompts_of_the_wrong_shape(embedded, prompt, message):
+    with pytest.raises(SpecDecError, match=message):
+        embedded.generate(prompt)
+    assert not embedded.scheduler.has_work
+
+
+def test_max_num_speculative_tokens_needs_auto():
+    with pytest.raises(SpecDecError, match="max_num_speculative_tokens is the largest k"):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 8, "max_num_speculative_tokens": 2})
+    auto = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": "auto",
+                                        "max_num_speculative_tokens": 2})
+    assert auto.max_k == 2
+
+
+@pytest.mark.skipif(default_pair() is None, reason="the embedded default pair is not shipped")
+@pytest.mark.parametrize("flags,message", [
+    (["--speculative-config", '{"method": "ngram"}', "--k", "3"],
+     "--k does not combine with --speculative-config: give its field in the JSON"),
+    (["--speculative-config", '{"method": "ngram"}', "--prompt-lookup-max", "2"], "--prompt-lookup-max does not"),
+    (["--speculative-method", "none", "--num-speculative-tokens", "3"],
+     "--num-speculative-tokens sets drafting, and this runs plain decoding"),
+    (["--speculative-method", "none", "--max-step-time-ratio", "1.2"], "--max-step-time-ratio sets drafting"),
+    (["--max-num-speculative-tokens", "2"], "max_num_speculative_tokens is the largest k"),
+])
+def test_drafting_flags_a_command_would_drop_are_an_error(capsys, flags, message):
+    assert main(["generate", "def f():", "--max-tokens", "2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_a_prompts_file_line_with_both_text_and_ids(tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "prompt_token_ids": [1]}) + "\n")
+    assert main(["generate", "--prompts-file", str(path), "--speculative-method", "none"]) == 2
+    assert "prompts.jsonl:1: give 'prompt' or 'prompt_token_ids', not both" in capsys.readouterr().err
