@@ -103,3 +103,18 @@ def test_a_prompts_file_line_with_both_text_and_ids(tmp_path, capsys):
     path.write_text(json.dumps({"prompt": "a", "prompt_token_ids": [1]}) + "\n")
     assert main(["generate", "--prompts-file", str(path), "--speculative-method", "none"]) == 2
     assert "prompts.jsonl:1: give 'prompt' or 'prompt_token_ids', not both" in capsys.readouterr().err
+
+
+def test_a_config_declaring_more_layers_than_its_weights_hold(folder, tmp_path):
+    """transformers initialises missing tensors at random (and says so in a log the CLI hides): refused by name."""
+    import shutil
+
+    copy = tmp_path / "more-layers"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["num_hidden_layers"] += 2
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecDecError, match=r"lack \d+ tensors its config.json declares \(model.layers.3.*a config "
+                                           r"that does not match its checkpoint"):
+        LLM(copy, dtype="float64")
+    assert LLM(folder, dtype="float64").target.name  # the checkpoint itself loads

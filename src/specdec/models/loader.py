@@ -112,11 +112,17 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
     _check_config(config, name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device))
+        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device),
+                                                           output_loading_info=True)
     except SpecDecError:
         raise
     except Exception as exc:  # truncated or corrupt weights raise safetensors' and torch's own types
         raise SpecDecError(f"could not load model {name!r}: {_one_line(exc)}") from exc
+    missing = sorted(info["missing_keys"])
+    if missing:  # transformers would initialise them at random: a model that is not the checkpoint
+        raise SpecDecError(f"the weights of model {name!r} lack {len(missing)} tensors its config.json declares "
+                           f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a config that does not "
+                           "match its checkpoint")
     return model.to(device).eval(), name
 
 
