@@ -73,6 +73,22 @@ def test_a_grammar_failure_mid_generation_is_an_error_never_an_empty_stop(reques
     assert len(out.text) == 3 and set(out.text) <= set("abc") and out.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("which", ["llm", "spec_llm"])
+def test_a_grammar_failure_mid_generation_fails_its_request_only(request, which):
+    engine = request.getfixturevalue(which)
+    broken = engine.stream("a", constrained({"regex": LATE_HUGE_REGEX}, max_tokens=12))
+    fine = engine.stream("b", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    texts = []
+    with pytest.raises(GrammarEngineError, match="grammar engine failed"):
+        for _ in broken:  # both run in the same steps
+            texts.append(next(fine).text)
+    rest = list(fine)  # the other request goes on to its end
+    assert rest[-1].finished and rest[-1].finish_reason == "length"
+    assert "".join(texts + [o.text for o in rest]) == engine.generate(
+        "b", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].outputs[0].text
+    assert not engine.scheduler.has_work
+
+
 # ------------------------------------------------------------------------------- matching no text
 @pytest.mark.parametrize("constraint,words", [
     ({"regex": NO_TEXT_REGEX}, "the regex in structured_outputs matches no text"),
@@ -177,6 +193,6 @@ def test_the_server_answers_400_with_a_clean_message(server, fields, words):
 def test_the_server_fails_a_mid_generation_grammar_failure_instead_of_a_200(server):
     for _ in range(2):  # the second was a 200 with "" and "stop"
         reply = post(server, guided_regex=LATE_HUGE_REGEX, max_tokens=12)
-        assert reply.status_code == 500 and "engine step failed" in reply.json()["error"]["message"], reply.text
+        assert reply.status_code == 500 and "grammar engine failed" in reply.json()["error"]["message"], reply.text
     ok = post(server, guided_regex="[0-9]{2}")
     assert ok.status_code == 200 and len(ok.json()["choices"][0]["text"]) == 2

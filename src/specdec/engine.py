@@ -17,8 +17,9 @@ queued on the device without waiting for it.
 Rows under a constraint (``Sequence.grammar``; :mod:`specdec.structured.state` says why this is exact):
 stage 1 drafts with masked logits and reads the drafts once to check them against the grammar, cut each
 chain at its first invalid token and build every verified position's mask; stage 3 masks the target's
-logits with them; stage 4 advances each grammar over the committed tokens only. A step with no
-constrained row does none of this.
+logits with them; stage 4 advances each grammar over the committed tokens only (a grammar the engine fails on
+there ends its row with finish reason ``"error"`` and the error, not the step). A step with no constrained row
+does none of this.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from specdec.prompt_feed import PromptFeed
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost, tokens_fed
-from specdec.structured.state import GrammarState, apply_bitmask, step_masks
+from specdec.structured.state import GrammarEngineError, GrammarState, apply_bitmask, step_masks
 from specdec.tree import ancestor_mask, compaction_moves, depths
 from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 
@@ -50,8 +51,9 @@ from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 class StepOutput:
     """What one step committed for one sequence: ``token_ids`` (stops and ``max_tokens``
     already applied), how many tokens were drafted and accepted, and ``finish_reason``
-    (None, "stop" or "length"); ``logprobs``: one per token of ``token_ids`` when the sequence's
-    ``params.logprobs`` is set (see :mod:`specdec.logprobs`), else None."""
+    (None, "stop", "length", or "error" with ``error``: the row's grammar failed, see below); ``logprobs``: one
+    per token of ``token_ids`` when the sequence's ``params.logprobs`` is set (see :mod:`specdec.logprobs`), else
+    None."""
 
     request_id: str
     token_ids: list[int]
@@ -59,6 +61,7 @@ class StepOutput:
     num_accepted: int
     finish_reason: str | None
     logprobs: list[TokenLogprobs] | None = None
+    error: GrammarEngineError | None = None
 
 
 class Engine:
@@ -252,14 +255,17 @@ class Engine:
         pending_at = [len(s.token_ids) - 1 for s in seqs]  # each row's position L
         for s, row, drafted, start in zip(seqs, result, num_drafted, pending_at):
             n = row[-1]
-            kept = s.commit(row[: n + 1])
+            kept, error = s.commit(row[: n + 1]), None
             if s.grammar is not None:
-                s.grammar.commit(kept)
+                try:
+                    s.grammar.commit(kept)
+                except GrammarEngineError as exc:  # this row's constraint broke: it ends, the others go on
+                    error, s.finish_reason = exc, "error"
             self.cache.set_length(s.slot, start + 1 + n)
             self.cache.commit_prefix(s.slot, s.token_ids)
             s.metrics.record_step(drafted, n, len(kept))
             accepted.append(n)
-            outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason))
+            outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason, error=error))
         if any(s.params.logprobs is not None for s in seqs):
             self._logprobs(seqs, outputs, verified, paths)
         if self.hidden_layers:  # the states of each row's verified positions: the pending token, the accepted drafts

@@ -362,9 +362,14 @@ class LLM:
             return outputs
 
     def _file(self, out: StepOutput) -> None:
-        """Turn a step output into its request's next stream output (text, stop strings)."""
+        """Turn a step output into its request's next stream output (text, stop strings); a row that ended with an
+        error fails its request (and no other)."""
         request = self._requests.get(out.request_id)
         if request is None:
+            return
+        if out.error is not None:
+            request.error, request.done = out.error, True
+            del self._requests[out.request_id]
             return
         tracker = request.tracker
         kept = tracker.add(out.token_ids)

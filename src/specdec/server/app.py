@@ -40,6 +40,7 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
 from specdec.server.worker import EngineWorker, Job, ShuttingDown
+from specdec.structured.state import GrammarEngineError
 
 DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -147,6 +148,8 @@ class Submission:
                 raise APIError(503, str(item), "service_unavailable")
             if isinstance(item, SpecDecError):
                 raise APIError(400, str(item))
+            if isinstance(item, GrammarEngineError):  # this request's constraint, not the step, failed
+                raise APIError(500, str(item), "internal_server_error")
             if isinstance(item, BaseException):
                 raise APIError(500, "internal server error (the engine step failed; see the server log)",
                                "internal_server_error")

@@ -176,6 +176,11 @@ class EngineWorker:
             job = self._jobs.get(out.request_id)
             if job is None:
                 continue
+            if out.error is not None:  # this request's row failed (its grammar), the others went on
+                log.error("request %s failed: %s", out.request_id, out.error)
+                del self._jobs[out.request_id]
+                job.deliver(out.error)
+                continue
             while job._handle.pending:
                 item = job._handle.pending.popleft()
                 first = job._last is None
