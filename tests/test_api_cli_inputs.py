@@ -118,3 +118,31 @@ def test_a_config_declaring_more_layers_than_its_weights_hold(folder, tmp_path):
                                            r"that does not match its checkpoint"):
         LLM(copy, dtype="float64")
     assert LLM(folder, dtype="float64").target.name  # the checkpoint itself loads
+
+
+def test_a_config_whose_shapes_differ_from_its_weights(folder, tmp_path):
+    import shutil
+
+    copy = tmp_path / "fewer-kv-heads"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    assert config["num_key_value_heads"] > 1
+    config["num_key_value_heads"] = 1
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecDecError, match=r"do not match its config.json in \d+ tensors \(model.layers.0.self_attn"
+                                           r".k_proj.weight \[\d+, \d+\] where config.json makes \[\d+, \d+\]"):
+        LLM(copy, dtype="float64")
+
+
+def test_an_error_that_quotes_a_multi_line_message_is_one_line(monkeypatch, capsys):
+    """A library's message quoted in a SpecDecError (transformers' tokenizer and config errors span lines)."""
+    import specdec.generate_cli
+
+    def run(args):
+        raise SpecDecError("could not load a tokenizer from 'x': Couldn't instantiate the backend tokenizer from:\n"
+                           "(1) a `tokenizers` file,\n(2) a slow tokenizer\n\nYou need sentencepiece")
+
+    monkeypatch.setattr(specdec.generate_cli, "run", run)
+    assert main(["generate", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "from: (1) a `tokenizers` file, (2) a slow tokenizer You need sentencepiece" in err

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpecDecError as exc:
-        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())  # one line, whatever a library's message it quotes
+        print(f"specdec {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -112,12 +112,20 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         raise SpecDecError(f"could not load the config of model {name!r}: {_one_line(exc)}") from exc
     _check_config(config, name)
     try:
+        # Mismatched tensors are loaded (and refused below, named with their shapes): transformers' own error says
+        # only "look at the above report", a log the CLI hides.
         model, info = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, config, device),
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, ignore_mismatched_sizes=True)
     except SpecDecError:
         raise
     except Exception as exc:  # truncated or corrupt weights raise safetensors' and torch's own types
         raise SpecDecError(f"could not load model {name!r}: {_one_line(exc)}") from exc
+    mismatched = sorted(info["mismatched_keys"])
+    if mismatched:
+        shown = ", ".join(f"{key} {list(saved)} where config.json makes {list(wanted)}"
+                          for key, saved, wanted in mismatched[:2])
+        raise SpecDecError(f"the weights of model {name!r} do not match its config.json in {len(mismatched)} tensors "
+                           f"({shown}{', ...' if len(mismatched) > 2 else ''})")
     missing = sorted(info["missing_keys"])
     if missing:  # transformers would initialise them at random: a model that is not the checkpoint
         raise SpecDecError(f"the weights of model {name!r} lack {len(missing)} tensors its config.json declares "
