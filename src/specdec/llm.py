@@ -35,7 +35,7 @@ from specdec.metrics import BatchMetrics
 from specdec.models.kv_pool import kv_blocks
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
-from specdec.sampling import MAX_SEED, SamplingParams, check_text
+from specdec.sampling import SamplingParams, check_text, is_seed
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
@@ -134,7 +134,7 @@ class LLM:
                            ("deterministic", deterministic)):
             if not isinstance(flag, bool):
                 raise SpecDecError(f"{name} must be True or False, got {flag!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        if not is_seed(seed):
             raise SpecDecError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)

@@ -37,6 +37,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a seed: an integer (not a bool) in 0..:data:`MAX_SEED`."""
+    return _is_int(value) and 0 <= value <= MAX_SEED
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -98,7 +103,7 @@ class SamplingParams:
             raise SpecDecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+        if self.seed is not None and not is_seed(self.seed):
             raise SpecDecError(f"seed must be None or an integer in 0..2**64-1, got {self.seed!r}")
         if isinstance(self.stop, (list, tuple)) and len(self.stop) > MAX_STOP_STRINGS:
             raise SpecDecError(f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")

@@ -262,13 +262,11 @@ def _int_list(values: Sequence[str], flag: str) -> list[int]:
         raise SpecDecError(f"{flag} takes integers, got {' '.join(values)!r}") from exc
 
 
-MAX_SEED = 2**64 - 1
-"""Largest ``--seeds`` value (a :class:`~specdec.sampling.SamplingParams` seed)."""
-
-
 def _check_flags(args: argparse.Namespace, seeds: list[int]) -> None:
     """Reject bad values and flag combinations that contradict each other, before any model loads."""
-    bad = [seed for seed in seeds if not 0 <= seed <= MAX_SEED]
+    from specdec.sampling import is_seed
+
+    bad = [seed for seed in seeds if not is_seed(seed)]
     if bad:
         raise SpecDecError(f"--seeds must be integers in 0..2**64-1, got {bad[0]}")
     for flag, value in (("--prompts-per-category", args.num_prompts), ("--prompt-len", args.prompt_len)):

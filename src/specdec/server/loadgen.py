@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.arrivals import check_rates, poisson_arrivals
-from specdec.cli_checks import number
+from specdec.cli_checks import check_output_file, number
 from specdec.errors import SpecDecError
 from specdec.inflate.pair import add_shape_flags
 
@@ -260,7 +260,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    from specdec.cli_checks import check_output_file
     from specdec.train.corpus import code_prompts
 
     if args.json is not None:  # before the run, not after it

@@ -92,14 +92,15 @@ class GrammarCache:
         entry = self._cache[params.key]
         # Copies share the prototype's lexer: one that a request drove past llguidance's limits fails every later
         # copy at its first mask (which would then allow only end-of-sequence). Such a prototype is compiled anew.
-        check = entry[0].deep_copy()
-        check.compute_logit_bias()
-        if check.is_error():
+        matcher = entry[0].deep_copy()
+        matcher.compute_logit_bias()
+        if matcher.is_error():
             del self._cache[params.key]
             self.compile(params)
             entry = self._cache[params.key]
+            matcher = entry[0].deep_copy()
         seconds, entry[1] = entry[1], 0.0
-        return entry[0].deep_copy(), seconds
+        return matcher, seconds
 
     def _compile(self, key: tuple[str, str, bool]) -> Any:
         lib = llguidance()
