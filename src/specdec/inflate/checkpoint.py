@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.cli_checks import check_new_folder
 from specdec.errors import SpecDecError
 from specdec.inflate.model import Inflated, inflate_weights
 from specdec.shapes import get_shape
@@ -73,8 +74,7 @@ def inflate_checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[s
 
     Example: ``inflate_checkpoint("my-llama", "my-llama-1b", "1b")``."""
     out = Path(dest)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SpecDecError(f"{str(out)!r} exists and is not an empty folder")
+    check_new_folder(out, "dest")
     config, state = read_checkpoint(source)
     inflated = inflate_weights(state, config, get_shape(shape), shape)
     write_checkpoint(inflated, out, source, shape)
