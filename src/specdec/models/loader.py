@@ -13,6 +13,7 @@ from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.models.fast_llama import FastLlamaLM, unsupported_reason
 from specdec.models.hf import HFCausalLM
+from specdec.models.hub import check_hub_id
 
 DTYPES = {
     "float32": torch.float32,
@@ -106,6 +107,8 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         model = source.to(device=device, dtype=resolve_dtype(dtype, source.config, device))
         return model.eval(), name
     name = _check_source(source)
+    if not Path(name).is_dir():
+        check_hub_id(name, "model")
     try:
         config = AutoConfig.from_pretrained(name)
     except Exception as exc:  # any failure to read a config is a bad model folder
@@ -230,6 +233,8 @@ def load_tokenizer(source: ModelSource, required: bool):
         if required:
             raise SpecDecError(f"tokenizer folder {text!r} does not exist")
         return None
+    else:
+        check_hub_id(text, "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(text)
     except (OSError, ValueError, KeyError, TypeError) as exc:
