@@ -25,6 +25,8 @@ used it.
   (``step_cost.Calibration``), against up to ``OUTLIER`` times the mean step of its kind so far.
 - ``--change shape-hiccup``: a step counts in its shape's mean as at most ``HICCUP`` times that mean
   (``AdaptiveK.observe``), against in full.
+- ``--change pace``: each step enters its kind's calibration at the host's pace (``step_cost.Pace``), against each
+  kind calibrated on its own steps alone.
 
 Several changes given together are installed together (``--change probe-catch-up hiccup``).
 
@@ -48,11 +50,12 @@ from specdec.bench import interleaved
 from specdec.catch_up import CatchUpRate
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.scheduler import Scheduler
-from specdec.step_cost import HICCUP, OUTLIER, Calibration
+from specdec.step_cost import HICCUP, OUTLIER, Calibration, Pace
 
 BACKLOG, MAY_PROBE, CAPS = Scheduler._backlog, AdaptiveK._may_probe, AdaptiveK._caps
 RATE, FITS, CHOOSE = CatchUpRate.per_position, AdaptiveK._cheapest_fits, adaptive.choose_ks
 FOLDS, CHOOSE_POLICY, CALIBRATE = DraftModelDrafter._folds, AdaptiveK.choose, Calibration.add
+AT_PACE = Pace.calibrate
 BEFORE = "483227f"  # the last commit whose bound left a step's prompt tokens out
 
 
@@ -120,6 +123,11 @@ def in_full(self, measured, predicted):
     self.predicted = self.predicted * self.decay + predicted
 
 
+def own_steps(self, kind, measured, predicted):
+    """Each kind of step calibrated on its own steps alone, whenever they ran (no pace)."""
+    kind.add(measured, predicted)
+
+
 def install(changes: list[str], new: bool) -> None:
     """Patch the scheduler or the policy for the runs that follow: this checkout's rules where ``new``, else the
     rules before ``changes``."""
@@ -134,13 +142,14 @@ def install(changes: list[str], new: bool) -> None:
     DraftModelDrafter._folds = apart if "fold" in old else FOLDS
     Calibration.add = in_full if "hiccup" in old else CALIBRATE
     adaptive.HICCUP = math.inf if "shape-hiccup" in old else HICCUP
+    Pace.calibrate = own_steps if "pace" in old else AT_PACE
 
 
 def main() -> None:
     parser = interleaved.arguments(__doc__.split("\n\n")[0], rounds=2)
     parser.add_argument("--change", required=True, nargs="+",
                         choices=("queue", "probe", "catch-up", "within-bound", "prompt-bound", "fold",
-                                 "probe-catch-up", "hiccup", "shape-hiccup"))
+                                 "probe-catch-up", "hiccup", "shape-hiccup", "pace"))
     cli, rest = parser.parse_known_args()
     interleaved.main(cli, rest, {"new": lambda: install(cli.change, True), "old": lambda: install(cli.change, False)})
 

@@ -213,6 +213,34 @@ def test_a_hiccup_of_the_machine_does_not_switch_speculation_off(monkeypatch):
         assert off <= 100 // PROBE_EVERY if stays_on else off > 50
 
 
+def test_a_slow_phase_while_speculating_does_not_switch_speculation_off(monkeypatch):
+    """One row under a bound of 1.25 plain steps, as a draft model at the ``1b`` shape (one draft 1.18 plain steps,
+    6% inside the bound). For eight steps while speculating, every step takes 1.45x its time (a slow phase of the
+    host, which the target's forward and the draft share). Taken at the host's pace (:class:`step_cost.Pace`), the
+    drafting steps are compared with the steps just before them, the phase moves the calibration little, and
+    speculation stays on but for the probes. Calibrated on its own steps alone (before 2026-12-01), the drafting
+    kind took the phase in as its own cost and kept it until probes had measured it back: off for most of the 100
+    steps after the phase."""
+    edge = CostModel(intercept=PLAIN_SECONDS, slope=0.0, draft=0.18 * PLAIN_SECONDS)
+    monkeypatch.setattr(AdaptiveK, "cost_model", lambda self, rows: edge)
+
+    def apart(self, kind, measured, predicted):
+        kind.add(measured, predicted)
+
+    for calibrate, stays_on in ((step_cost.Pace.calibrate, True), (apart, False)):
+        monkeypatch.setattr(step_cost.Pace, "calibrate", calibrate)
+        steps = iter(range(1, 401))
+
+        def clock(rows: int, width: int, steps=steps) -> tuple[float, float]:
+            slow = 1.45 if 200 <= next(steps) < 208 else 1.0
+            return PLAIN_SECONDS * slow, 0.18 * PLAIN_SECONDS * width * slow
+
+        after = [ks for _, ks in World(clock, alpha=0.9, max_step_ratio=1.25).run(batch(1), 400)[200:300]]
+        assert all(ks in ([0], [1]) for ks in after)
+        off = sum(ks == [0] for ks in after)
+        assert off <= 100 // PROBE_EVERY if stays_on else off > 50
+
+
 def test_a_slow_phase_of_the_host_does_not_price_a_drafting_shape_over_the_bound(monkeypatch):
     """One row under a bound of 1.25, as a draft model at the ``1b`` shape: plain steps of 0.1 s, prompt chunks fed in
     the step's own forward (which set the line's slope), a two-token step of 0.1015 s and a draft of 0.016 s: one

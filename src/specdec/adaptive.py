@@ -84,14 +84,16 @@ seconds (``target_seconds + draft_seconds`` less ``catch_up_seconds``) with what
 as decayed sums ``Σ measured / Σ predicted``
 (``guard_decay`` per step of that kind; the first step of each shape left out as above, a step
 counted as at most ``HICCUP`` times what the calibration expected of it), for drafting and for plain steps
-apart. Once both kinds are measured at that row count (decayed weight at least ``GUARD_EVIDENCE``,
-about three steps each), the drafting steps' ratio over the plain steps' ratio scales every drafting
-step's predicted cost; the choice above, speculation off included, is then made with the scaled
-costs. So the measurement, not the model alone, decides whether speculating pays at a batch size,
-while acceptance stays each sequence's own (a measured throughput compared directly would mix the
-acceptance of whichever requests ran last into every request's decision). The key is the exact row
-count: cost errors depend on the batch's shape, and a row count seen too briefly to be measured both
-ways is left to the model. A drafter's catch-up (:meth:`specdec.drafters.base.Drafter.catch_up`: a draft
+apart, each step's measured seconds divided by the host's pace when it ran (:class:`specdec.step_cost.Pace`: the
+last few steps' measured over expected seconds, whatever their kind), so that a probe is compared with the steps
+just before it, not with steps of its kind measured long ago in another phase of the host. Once both kinds are
+measured at that row count (decayed weight at least ``GUARD_EVIDENCE``, about three steps each), the drafting
+steps' ratio over the plain steps' ratio scales every drafting step's predicted cost; the choice above,
+speculation off included, is then made with the scaled costs. So the measurement, not the model alone, decides
+whether speculating pays at a batch size, while acceptance stays each sequence's own (a measured throughput
+compared directly would mix the acceptance of whichever requests ran last into every request's decision). The key
+is the exact row count: cost errors depend on the batch's shape, and a row count seen too briefly to be measured
+both ways is left to the model. A drafter's catch-up (:meth:`specdec.drafters.base.Drafter.catch_up`: a draft
 model feeding the tokens of the steps it sat out, or the prompt it starts on lazily) is a cost of switching,
 paid once, not what drafting costs: counted, every probe while speculation was off paid the whole pause's
 catch-up (a draft model's forward over 16 tokens and more, 0.1-0.2 s against 0.05 s for a draft at the
@@ -158,7 +160,7 @@ from specdec.k_choice import choose_ks, predicted_speedup
 from specdec.k_schedule import FixedK, ScheduledK
 from specdec.metrics import BatchMetrics
 from specdec.sequence import Sequence
-from specdec.step_cost import HICCUP, OUTLIER, Calibration, CostModel, LineFit, StepCost, tokens_fed
+from specdec.step_cost import HICCUP, OUTLIER, Calibration, CostModel, LineFit, Pace, StepCost, tokens_fed
 
 AUTO = "auto"
 DEFAULT_MAX_SPECULATIVE_TOKENS = 8
@@ -182,7 +184,8 @@ class AdaptiveK:
 
     def __init__(self, max_k: int, probe_every: int = 16, seq_decay: float = 0.9, pool_decay: float = 0.99,
                  cost_decay: float = 0.95, draft_decay: float = 0.9, guard_decay: float = 0.9,
-                 shape_decay: float = 0.9, padded: bool = False, max_step_ratio: float | None = None) -> None:
+                 shape_decay: float = 0.9, pace_decay: float = 0.8, padded: bool = False,
+                 max_step_ratio: float | None = None) -> None:
         self.max_k, self.probe_every, self.seq_decay, self.padded = max_k, probe_every, seq_decay, padded
         self.max_step_ratio = max_step_ratio  # the most a drafting step may cost, in plain steps (None: any)
         self.pool = Acceptance(max_k, pool_decay, prior_weight=1.0, carry=True)
@@ -209,6 +212,7 @@ class AdaptiveK:
         self.last_speedup = 1.0
         self.guard_decay = guard_decay
         self.calibration: dict[int, tuple[Calibration, Calibration]] = {}  # rows -> (plain, drafting) steps
+        self.pace = Pace(pace_decay)  # the host's speed now, which each step's calibration is taken at
         self.last_plain: dict[int, int] = {}  # rows -> the step a plain step of that many rows was last timed
         self.hold_period = 1  # steps the next decision of every row at its most holds for
         self.held = 0  # steps left holding every row at its most
@@ -450,9 +454,9 @@ class AdaptiveK:
             kinds = self.calibration.get(len(seqs))
             if kinds is None:
                 kinds = self.calibration[len(seqs)] = (Calibration(self.guard_decay), Calibration(self.guard_decay))
-            plain, drafting = kinds
-            (drafting if step.width else plain).add(step.target_seconds + step.draft_seconds - step.catch_up_seconds,
-                                                    cost.with_drafting(predicted, step.width))
+            self.pace.calibrate(kinds[1] if step.width else kinds[0],
+                                step.target_seconds + step.draft_seconds - step.catch_up_seconds,
+                                cost.with_drafting(predicted, step.width))
         target = self._add_target(cost, step.num_tokens, step.target_seconds)
         shapes = self.shapes.setdefault(len(seqs), {})
         weight, seconds, _ = shapes.get(step.num_tokens, (0.0, 0.0, 0))

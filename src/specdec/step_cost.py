@@ -1,7 +1,7 @@
 """What a step cost and the model that predicts it, for ``num_speculative_tokens="auto"``
 (:mod:`specdec.adaptive`): the measured :class:`StepCost` of a step, a :class:`LineFit` of seconds
-against tokens fed or draft width, a :class:`Calibration` of measured against predicted seconds, and
-the :class:`CostModel` the policy chooses with."""
+against tokens fed or draft width, a :class:`Calibration` of measured against predicted seconds at the
+host's :class:`Pace`, and the :class:`CostModel` the policy chooses with."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ class LineFit:
 
 @dataclass
 class Calibration:
-    """Measured against predicted seconds of one kind of step, as decayed sums (``decay`` per step added).
+    """Measured against predicted seconds of one kind of step, as decayed sums (``decay`` per step added), the
+    measured seconds taken at the host's pace (:meth:`Pace.calibrate` divides them by it).
 
     A step counts as at most ``HICCUP`` times what the calibration so far expected of it (its predicted seconds
     times :meth:`ratio`): a hiccup of the machine (one step taking twice its time, which a shared 2-core host
@@ -84,6 +85,43 @@ class Calibration:
     def ratio(self) -> float:
         """Measured over predicted seconds (1 when nothing was measured)."""
         return self.measured / self.predicted if self.predicted > 0 else 1.0
+
+
+@dataclass
+class Pace:
+    """How fast the host runs now, for :class:`Calibration`: a decayed mean (``decay`` per step) over the last few
+    steps of every kind and row count of each step's measured over predicted seconds, divided by what its kind's
+    calibration expects (:meth:`Calibration.ratio`), so that a drafting step and a plain step at the same moment
+    give the same pace.
+
+    Each step enters its calibration divided by the pace before it (:meth:`calibrate`), so the two kinds of step
+    are compared over the same stretch of time: a step of the kind not running (a probe) against the steps just
+    before it. Before (until 2026-12-01), each kind's ratio was its own steps' alone, whenever they ran. A slow phase
+    of the host while speculating raised the drafting ratio alone, the target's line (fitted over every step) rose
+    with it, and the plain steps after it then looked fast against the line: at one stream at the ``1b`` shape,
+    where one draft is 6% inside a bound of 1.25, that kept speculation off for tens of steps
+    (``docs/lab-notes/2026-11-30-bound-edge.md``). Now a slow phase, or the line moving, raises the pace, and
+    moves a calibration only while the pace lags it, then back as the phase ends
+    (``docs/lab-notes/2026-12-01-pace.md``).
+
+    A step moves the pace by at most ``HICCUP`` times the pace (a hiccup of the host moves it a little), and only
+    once its kind was measured at its row count (a first step there has no expectation to divide by)."""
+
+    decay: float
+    value: float | None = None  # None until a step was measured
+
+    def calibrate(self, kind: Calibration, measured: float, predicted: float) -> None:
+        """Add a step of ``measured`` seconds, predicted ``predicted`` by the cost model, to its ``kind``'s
+        calibration at the pace now, then move the pace by it."""
+        expected = kind.ratio()  # what the kind's calibration expects of the step, over its prediction
+        seen = measured / predicted / expected
+        known = kind.weight > 0
+        if self.value is None:
+            self.value = seen
+        kind.add(measured / self.value, predicted)
+        if known:
+            seen = min(max(seen, self.value / HICCUP), self.value * HICCUP)
+            self.value = self.value * self.decay + seen * (1.0 - self.decay)
 
 
 @dataclass(frozen=True)
