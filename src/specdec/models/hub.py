@@ -2,10 +2,10 @@
 
 transformers reads a hub id from the local cache or downloads it. Where the id is not cached and the Hub
 cannot be reached (a machine offline, a firewall, a wrong ``HF_ENDPOINT``), each file it asks for is retried
-with back-off: ``specdec generate --model some-org/missing`` on a machine without internet took about 29 s and
-logged ten warnings before its error (until 2026-12-01). :func:`check_hub_id` asks the Hub once, with a short
-timeout, and refuses such an id with one line that says why. A cached id, or ``HF_HUB_OFFLINE=1`` (where
-transformers reads the cache alone and fails at once), is left to transformers.
+with back-off: ``specdec generate --model some-org/missing`` on a machine without internet took 31 s and logged
+eleven warnings before its error (until 2026-12-01; now 7 s, its imports). :func:`check_hub_id` asks the Hub
+once, with a short timeout, and refuses such an id with one line that says why. A cached id, or
+``HF_HUB_OFFLINE=1`` (where transformers reads the cache alone and fails at once), is left to transformers.
 """
 
 from __future__ import annotations
