@@ -288,6 +288,9 @@ def test_bench_serve_rounds_interleave_the_methods(tmp_path, capsys):
     assert comparison["rounds"] == 2 and set(comparison["range"]) == {
         "throughput_vs_plain", "itl_p99_vs_plain", "itl_mean_speedup"}
     assert "round 2/2 suffix" in capsys.readouterr().err
+    host = data["environment"]  # where it ran, as `specdec bench` records it
+    assert host["device"] == "cpu" and host["dtype"] in ("float32", "bfloat16") and host["cpus"] >= 1
+    assert isinstance(host["cpu features"], str) and host["torch"]
 
 
 @pytest.mark.parametrize("argv, message", [

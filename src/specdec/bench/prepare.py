@@ -179,7 +179,9 @@ def _calibrate(
     return calibration
 
 
-def _environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Where a benchmark ran: dtype, device, versions, CPU threads and features (a run on a host without AMX, say,
+    is then told from a regression)."""
     import torch
     import transformers
 
@@ -267,7 +269,7 @@ def load_bench(
         "bandwidth GB/s": round(bandwidth, 1),
         "measured read bandwidth GB/s": None if measured is None else round(measured, 1),
         "spec-sheet bandwidth GB/s": device_bandwidth_gbs(device),
-        **_environment(device, target.dtype),
+        **environment(device, target.dtype),
     }
     return Bench(runners, prompts, calibration, info)
 

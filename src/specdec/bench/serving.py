@@ -458,8 +458,15 @@ def run_in_process(args) -> int:
     comparison = compare(rows)
     print(table(comparison))
     if args.json is not None:
+        from transformers import AutoConfig
+
+        from specdec.bench.prepare import environment
+        from specdec.models.loader import resolve_dtype
+
         settings = {k: (v if isinstance(v, (int, float, str, list, type(None))) else str(v))
                     for k, v in vars(args).items() if k != "func"}
-        Path(args.json).write_text(json.dumps({"settings": settings, "rows": rows, "comparison": comparison},
-                                              indent=1))
+        device = resolve_device("auto")
+        host = environment(device, resolve_dtype("auto", AutoConfig.from_pretrained(target), device))
+        Path(args.json).write_text(json.dumps({"settings": settings, "environment": host, "rows": rows,
+                                               "comparison": comparison}, indent=1))
     return 0
