@@ -20,19 +20,14 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from backlog_ab import own_steps
+
 from specdec.adaptive import AdaptiveK
 from specdec.metrics import RequestMetrics
 from specdec.step_cost import Pace, StepCost
 
 CALIBRATE = Pace.calibrate
-
-
-def apart(self: Pace, kind, measured: float, predicted: float) -> None:
-    """Each kind on its own steps alone: the calibration before the pace."""
-    kind.add(measured, predicted)
-
-
-VARIANTS = {"pace": CALIBRATE, "apart": apart}
+VARIANTS = {"pace": CALIBRATE, "apart": own_steps}
 
 
 def record(cli: argparse.Namespace, rest: list[str]) -> None:

@@ -97,6 +97,7 @@ def _check_source(source: str | Path) -> str:
         raise SpecDecError(f"model path {text!r} is a file; pass the model's folder")
     if not _HUB_ID.match(text) or text.startswith((".", "~")):
         raise SpecDecError(f"model folder {text!r} does not exist")
+    check_hub_id(text, "model")
     return text
 
 
@@ -107,8 +108,6 @@ def load_hf_model(source: ModelSource, dtype: str | torch.dtype, device: torch.d
         model = source.to(device=device, dtype=resolve_dtype(dtype, source.config, device))
         return model.eval(), name
     name = _check_source(source)
-    if not Path(name).is_dir():
-        check_hub_id(name, "model")
     try:
         config = AutoConfig.from_pretrained(name)
     except Exception as exc:  # any failure to read a config is a bad model folder
