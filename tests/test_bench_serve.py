@@ -10,6 +10,7 @@ import statistics
 import time
 
 import pytest
+import torch
 
 from specdec import LLM, SamplingParams
 from specdec.bench import serving
@@ -360,9 +361,10 @@ def test_bench_serve_bad_prefill_share(argv, message, capsys):
     assert len(err) == 1 and message in err[0]
 
 
-def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch, capsys):
+def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch, capsys, tmp_path):
     """``--control`` (an A/A) installs the first variant for both names; without it each name installs its own.
-    The report's ratios are each round's first variant over its second, then the median."""
+    The report's ratios are each round's first variant over its second, then the median. ``--json`` writes the
+    rows with the settings and where they ran."""
     from specdec.bench import interleaved
 
     def run_rounds(variants, methods, args, rounds):
@@ -382,9 +384,15 @@ def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch
     for control, expected in ((False, ["a", "b"]), (True, ["a", "a"])):
         calls = []
         variants = {"new": lambda calls=calls: calls.append("a"), "old": lambda calls=calls: calls.append("b")}
+        out = tmp_path / f"rows-{control}.json"
         cli, rest = interleaved.arguments("test", rounds=2).parse_known_args(
-            ["--methods", "plain,eagle", "--rounds", "2", *(["--control"] if control else [])])
+            ["--methods", "plain,eagle", "--rounds", "2", "--json", str(out), *(["--control"] if control else [])])
         interleaved.main(cli, rest, variants)
         assert calls == expected
+        written = json.loads(out.read_text())
+        assert [(r["variant"], r["round"]) for r in written["rows"]][:2] == [("new", 1), ("new", 1)]
+        assert len(written["rows"]) == 8 and written["settings"]["rounds"] == 2
+        assert written["settings"]["methods"] == "plain,eagle"
+        assert written["environment"]["dtype"] and written["environment"]["torch"] == torch.__version__
     assert "eagle, code, 4 streams, new / old, medians: tokens_per_second 1.20, ttft_ms_p50 1.00, itl_ms_p99 0.80" \
         in capsys.readouterr().out

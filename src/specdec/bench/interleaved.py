@@ -67,7 +67,7 @@ def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
     parser.add_argument("--methods", default="plain,eagle,draft_model,suffix", help="plain is needed for the ratios")
     parser.add_argument("--workloads", default="code", help="bench-serve workloads, comma-separated (default code)")
     parser.add_argument("--rounds", type=int, default=rounds)
-    parser.add_argument("--json", default=None, help="also write every row here")
+    parser.add_argument("--json", default=None, help="also write every row here, with the settings and where it ran")
     parser.add_argument("--control", action="store_true",
                         help="the first variant under every name (an A/A control: the host's noise alone)")
     return parser
@@ -75,15 +75,18 @@ def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
 
 def main(cli: argparse.Namespace, rest: list[str], variants: dict[str, Callable[[], None]]) -> None:
     """Run ``variants`` with the script's flags ``cli`` (of :func:`arguments`) and bench-serve's ``rest``; write the
-    rows to ``--json`` if given and print :func:`report`. With ``--control`` every name runs the first variant."""
+    rows to ``--json`` if given (``{"settings", "environment", "rows"}``, as :func:`specdec.bench.serving.record`)
+    and print :func:`report`. With ``--control`` every name runs the first variant."""
     from specdec.cli import build_parser
 
     args = build_parser().parse_args(["bench-serve", "--in-process", *rest])
     args.workloads = cli.workloads.split(",")
+    args.methods, args.rounds, args.json = cli.methods, cli.rounds, cli.json  # the record's settings say what ran
     if cli.control:
         first = next(iter(variants.values()))
         variants = dict.fromkeys(variants, first)
     rows = run_rounds(variants, cli.methods.split(","), args, cli.rounds)
     if cli.json:
-        Path(cli.json).write_text(json.dumps(rows))
+        target, _ = serving.pair_folders(args)
+        Path(cli.json).write_text(json.dumps({**serving.record(args, target), "rows": rows}))
     print(report(rows, list(variants), cli.rounds))

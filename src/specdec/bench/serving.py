@@ -25,6 +25,7 @@ moves by tens of percent over minutes). ITL follows :mod:`specdec.server.loadgen
 
 from __future__ import annotations
 
+import argparse
 import copy
 import gc
 import json
@@ -458,15 +459,21 @@ def run_in_process(args) -> int:
     comparison = compare(rows)
     print(table(comparison))
     if args.json is not None:
-        from transformers import AutoConfig
-
-        from specdec.bench.prepare import environment
-        from specdec.models.loader import resolve_dtype
-
-        settings = {k: (v if isinstance(v, (int, float, str, list, type(None))) else str(v))
-                    for k, v in vars(args).items() if k != "func"}
-        device = resolve_device("auto")
-        host = environment(device, resolve_dtype("auto", AutoConfig.from_pretrained(target), device))
-        Path(args.json).write_text(json.dumps({"settings": settings, "environment": host, "rows": rows,
-                                               "comparison": comparison}, indent=1))
+        Path(args.json).write_text(json.dumps({**record(args, target), "rows": rows, "comparison": comparison},
+                                              indent=1))
     return 0
+
+
+def record(args: argparse.Namespace, target: str) -> dict[str, Any]:
+    """What a JSON record of in-process runs holds besides its rows: ``settings`` (the flags) and ``environment``
+    (where it ran: :func:`specdec.bench.prepare.environment`, at the dtype ``auto`` gives ``target``)."""
+    from transformers import AutoConfig
+
+    from specdec.bench.prepare import environment
+    from specdec.models.loader import resolve_device, resolve_dtype
+
+    settings = {k: (v if isinstance(v, (int, float, str, list, type(None))) else str(v))
+                for k, v in vars(args).items() if k != "func"}
+    device = resolve_device("auto")
+    return {"settings": settings,
+            "environment": environment(device, resolve_dtype("auto", AutoConfig.from_pretrained(target), device))}
