@@ -2,12 +2,14 @@
 (the code workload, one method) several times and writes every :class:`specdec.adaptive.AdaptiveK` decision and
 observed step to a JSON file a run; ``replay`` feeds those steps, open-loop, to a fresh policy of each variant and
 counts, at each decision at one row of the measured requests, whether one draft is priced over the bound (with the
-calibration: what decides; without it: what refuses a probe while speculation is off). A diagnostic, not a test:
-``docs/lab-notes/2026-12-01-pace.md`` used it.
+calibration: what decides; without it: what refuses a probe while speculation is off); ``widths`` compares, per draft
+width, the error of the one drafting calibration every width shares with that of a calibration per width. A
+diagnostic, not a test: ``docs/lab-notes/2026-12-01-pace.md`` and ``2026-12-01-widths.md`` used it.
 
     python scripts/k_policy_replay.py record --runs 20 --out /tmp/traces --shape 1b --shape-cache /tmp/inflate_1b \\
         --method draft_model --concurrency 1 --num-requests 8 --max-tokens 32 --max-step-time-ratio 1.25
     python scripts/k_policy_replay.py replay /tmp/traces/*.json
+    python scripts/k_policy_replay.py widths /tmp/traces/*.json
 
 Variants: ``pace`` (this checkout: each step enters its calibration at the host's pace, :class:`specdec.step_cost.Pace`)
 and ``apart`` (each kind of step calibrated on its own steps alone, as until 2026-12-01).
@@ -17,14 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from backlog_ab import own_steps
 
-from specdec.adaptive import AdaptiveK
+from specdec.adaptive import GUARD_EVIDENCE, AdaptiveK
 from specdec.metrics import RequestMetrics
-from specdec.step_cost import Pace, StepCost
+from specdec.step_cost import Calibration, Pace, StepCost
 
 CALIBRATE = Pace.calibrate
 VARIANTS = {"pace": CALIBRATE, "apart": own_steps}
@@ -115,6 +119,59 @@ def replay(path: Path, variant: str) -> dict[str, int]:
         Pace.calibrate = CALIBRATE
 
 
+def width_errors(path: Path) -> dict[int, tuple[list[float], list[float]]]:
+    """One trace fed open-loop to a fresh policy of this checkout: for each drafting step at one row whose calibration
+    applied (``GUARD_EVIDENCE``), by its width, ``log(measured / calibrated prediction)`` with the one drafting
+    calibration every width shares, and with a calibration of that width's steps alone (the shared one until the
+    width has ``GUARD_EVIDENCE`` of its own)."""
+    errors: dict[int, tuple[list[float], list[float]]] = {}
+    per_width: dict[int, Calibration] = {}
+    width = [0]
+
+    def calibrate(pace: Pace, kind: Calibration, measured: float, predicted: float) -> None:
+        if width[0] and kind is policy.calibration[1][1]:
+            seen = measured / (pace.value or 1.0) / predicted  # as the kind's calibration takes it
+            own = per_width.setdefault(width[0], Calibration(policy.guard_decay))
+            if kind.weight >= GUARD_EVIDENCE:
+                shared, apart = errors.setdefault(width[0], ([], []))
+                shared.append(math.log(seen / kind.ratio()))
+                apart.append(math.log(seen / (own if own.weight >= GUARD_EVIDENCE else kind).ratio()))
+            own.add(measured / (pace.value or 1.0), predicted)
+        CALIBRATE(pace, kind, measured, predicted)
+
+    Pace.calibrate = calibrate
+    try:
+        events = json.loads(path.read_text())["events"]
+        policy = AdaptiveK(**events[0]["policy"])
+        rows: dict[str, Row] = {}
+        for event in events[1:]:
+            seqs = [rows.setdefault(i, Row(i)) for i in event.get("choose") or event.get("observe")]
+            if "observe" in event:
+                step = StepCost(**event["step"])
+                width[0] = step.width if len(seqs) == 1 else 0
+                policy.observe(seqs, event["drafted"], event["accepted"], step)
+            else:
+                policy.choose(seqs, event["limits"], None, event["prompt_tokens"], event["prompt_backlog"])
+                policy.asked, policy.joining = event["ks"], event["joining"]
+        return errors
+    finally:
+        Pace.calibrate = CALIBRATE
+
+
+def print_width_errors(traces: list[str]) -> None:
+    """:func:`width_errors` over ``traces``: per width, the steps, and the mean and root mean square of the log
+    error with the shared calibration and with one per width."""
+    totals: dict[int, tuple[list[float], list[float]]] = {}
+    for trace in traces:
+        for w, (shared, apart) in width_errors(Path(trace)).items():
+            totals.setdefault(w, ([], []))[0].extend(shared)
+            totals[w][1].extend(apart)
+    print("width | steps | shared: mean, rms | per width: mean, rms")
+    for w, errors in sorted(totals.items()):
+        cells = [f"{statistics.fmean(e):+.3f}, {math.sqrt(statistics.fmean(x * x for x in e)):.3f}" for e in errors]
+        print(f"{w} | {len(errors[0])} | " + " | ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,12 +183,17 @@ def main() -> None:
     rep = sub.add_parser("replay", help="replay traces through each variant")
     rep.add_argument("traces", nargs="+")
     rep.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    wid = sub.add_parser("widths", help="the drafting calibration's error by draft width, shared or per width")
+    wid.add_argument("traces", nargs="+")
     cli, rest = parser.parse_known_args()
     if cli.command == "record":
         record(cli, rest)
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if cli.command == "widths":
+        print_width_errors(cli.traces)
+        return
     totals = {v: {"decisions": 0, "over": 0, "over_uncalibrated": 0, "longest": 0} for v in cli.variants}
     print("trace | tok/s | " + " | ".join(f"{v}: over, uncalibrated, longest" for v in cli.variants))
     for trace in cli.traces:
