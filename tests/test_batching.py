@@ -123,6 +123,22 @@ def test_sampling_batch_row_probs_are_bit_identical_in_any_batch(dtype):
             assert torch.equal(pair, single), f"{p} changed next to {other}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parameters_past_the_work_dtypes_range_still_give_a_distribution(dtype):
+    """A temperature above float32's largest number flattens the distribution over the tokens a constraint allows
+    (it turned their masked ``-inf`` logits into NaN), and a ``top_p`` below its smallest keeps the most likely token
+    (it cut every token, and end-of-text came out)."""
+    torch.manual_seed(2)
+    logits = (torch.randn(2, 1, 40) * 3).to(dtype)
+    logits[:, :, 10:] = -torch.inf  # what a grammar's mask leaves
+    hot, flat = SamplingBatch([SamplingParams(temperature=0.5, top_p=1e-300),
+                               SamplingParams(temperature=1e300)], [None, None], CPU).probs(logits)
+    assert torch.equal(hot[0], torch.nn.functional.one_hot(logits[0, 0].float().argmax(), 40).float())
+    assert torch.allclose(flat[0, :10], torch.full((10,), 0.1)) and (flat[0, 10:] == 0).all()
+    tiny = SamplingBatch([SamplingParams(temperature=0.5, top_p=1e-40)], [None], CPU).probs(logits[:1])
+    assert torch.equal(tiny, hot[None])
+
+
 def test_sampling_batch_random_numbers_come_from_each_rows_generator():
     """A row's uniforms and noise are the same whatever the other rows are."""
     def gen(seed):

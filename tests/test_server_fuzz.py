@@ -115,11 +115,36 @@ def test_each_bad_input_class_is_a_400_that_names_it(served, route, body, words,
                                           ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
                                           ("tool_choice", "none"), ("tools", []), ("logprobs", False),
                                           ("logprobs", None), ("top_logprobs", 0), ("echo", False),
-                                          ("parallel_tool_calls", True), ("logit_bias", {})])
+                                          ("parallel_tool_calls", True), ("logit_bias", {}), ("store", False),
+                                          ("service_tier", "auto"), ("modalities", ["text"]), ("min_tokens", 0),
+                                          ("skip_special_tokens", True), ("include_stop_str_in_output", False),
+                                          ("metadata", {"team": "a"})])
 def test_neutral_values_of_fields_not_implemented_are_accepted(served, field, value):
     response = post(served, COMPLETIONS, {"prompt": "x", "max_tokens": 2, field: value})
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n",
+            "stream", "stream_options", "user", "metadata", "response_format", "structured_outputs", "guided_json",
+            "guided_regex", "guided_choice", "guided_grammar", "logprobs"]
+
+
+@pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
+                                        (CHAT, ["max_tokens", "max_completion_tokens", "top_logprobs"])])
+def test_null_is_the_default_of_every_optional_field(served, route, own):
+    """The ``openai`` client sends ``null`` for an argument passed as ``None``: it means the field's default, as in
+    OpenAI's API (it was a 400)."""
+    first = {"prompt": "x"} if route == COMPLETIONS else {"messages": [{"role": "user", "content": "hi", "name": None}]}
+    nulls = dict.fromkeys(OPTIONAL + own)
+    got = post(served, route, {**first, "max_tokens": 3, "temperature": 0})
+    response = post(served, route, {**first, **nulls, "max_tokens": 3, "temperature": 0})
+    assert response.status_code == got.status_code == 200, response.text
+    texts = [[c.get("text") or c["message"]["content"] for c in r.json()["choices"]] for r in (response, got)]
+    assert texts[0] == texts[1]
+    sampled = post(served, route, {**first, "temperature": None, "max_tokens": 2})
+    assert sampled.json()["usage"]["completion_tokens"] >= 1
+    assert error(post(served, route, {**first, "colour": None}))["param"] == "colour"  # unknown, even as null
 
 
 def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):

@@ -110,6 +110,18 @@ def test_regex_choice_and_grammar_outputs_match(llm):
                 assert re.fullmatch(pattern, out.text), out.text
 
 
+def test_sampling_parameters_past_float32s_range_meet_the_constraint(text_model_dirs):
+    """In float32, a temperature of 1e300 under a constraint samples one of its texts, and a top_p of 1e-300 gives
+    greedy decoding's text; both were a grammar failure (a server's 500) or an empty text."""
+    llm = LLM(text_model_dirs["target"], dtype="float32", max_num_seqs=2)
+    choices = ["return x", "print(i)"]
+    hot = SamplingParams(temperature=1e300, seed=0, max_tokens=12, structured_outputs={"choice": choices})
+    assert llm.generate("def f(x):", hot)[0].outputs[0].text in choices
+    greedy = llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
+    narrow = llm.generate("def f(x):", SamplingParams(temperature=0.5, top_p=1e-300, seed=1, max_tokens=8))[0]
+    assert narrow.outputs[0].token_ids == greedy.token_ids and greedy.text
+
+
 def test_a_constraint_that_cannot_finish_ends_with_length(llm):
     params = SamplingParams(temperature=0, max_tokens=3, structured_outputs={"choice": ["print(i)"]})
     out = llm.generate("x", params)[0].outputs[0]

@@ -260,14 +260,17 @@ class SamplingBatch:
         Order: temperature, softmax, top-k, top-p, min-p, renormalise (vLLM's and transformers'
         order). Float64 logits stay float64 (exactness tests); anything else is computed in
         float32. Greedy rows get a one-hot distribution on the argmax. Ties at the k-th value are
-        kept by top-k.
+        kept by top-k; top-p keeps at least the most likely token, however small ``top_p``.
         """
         work = logits if logits.dtype == torch.float64 else logits.float()
         extra = (1,) * (work.dim() - 2)
         greedy = torch.nn.functional.one_hot(argmax(work), work.shape[-1]).to(work.dtype)
         if self.all_greedy:
             return greedy
-        temperature = self.temperature.to(work.dtype).view(-1, *extra, 1)
+        # Parameters are float64; one past the work dtype's range would become inf or 0 there (a temperature
+        # of 1e300 turned a grammar's -inf logits into NaN, a top_p of 1e-300 cut every token): clamped into it.
+        finfo = torch.finfo(work.dtype)
+        temperature = self.temperature.clamp(max=finfo.max).to(work.dtype).view(-1, *extra, 1)
         probs = torch.softmax(work / temperature, dim=-1)
         if self.any_top_k or self.any_top_p:
             sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
@@ -281,7 +284,8 @@ class SamplingBatch:
                 uses_top_p = (self.top_p < 1.0).view(-1, *extra, 1)
                 sorted_probs = torch.where(uses_top_p, sorted_probs / sorted_probs.sum(-1, keepdim=True), sorted_probs)
                 mass_before = sorted_probs.cumsum(-1) - sorted_probs
-                top_p = torch.where(self.top_p < 1.0, self.top_p, torch.inf).to(work.dtype).view(-1, *extra, 1)
+                top_p = torch.where(self.top_p < 1.0, self.top_p.clamp(min=finfo.tiny), torch.inf)
+                top_p = top_p.to(work.dtype).view(-1, *extra, 1)  # above 0: the most likely token always stays
                 sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         if self.any_min_p:

@@ -1,8 +1,8 @@
 """``specdec serve`` (the OpenAI-compatible server under uvicorn) and ``specdec bench-serve`` (its load
 generator). Flag names follow ``vllm serve`` where vLLM has one.
 
-SIGTERM (or Ctrl+C): the server stops admitting (new connections are refused, new requests on open
-ones get 503), lets running requests finish for ``--graceful-timeout`` seconds, ends the rest with a
+SIGTERM (or Ctrl+C): the server stops admitting (new connections are refused and idle keep-alive ones closed; a
+request that still reaches the app gets 503), lets running requests finish for ``--graceful-timeout`` seconds, ends the rest with a
 503 in OpenAI's shape (a stream: an error event, then ``data: [DONE]``), then exits with status 0.
 """
 

@@ -2,7 +2,8 @@
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
 not a number), and an OpenAI field this server does not implement (penalties, tools, ``best_of``,
-...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`).
+...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`). ``null`` for an optional field
+is its default, as in OpenAI's API.
 
 Logprobs (:mod:`specdec.server.logprobs` builds the shapes): completions take ``logprobs`` (null or an
 integer in 0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20; ``false`` is null) and ``echo`` (the prompt's
@@ -46,10 +47,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",), "best_of": (1,),
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False),
+    "parallel_tool_calls": (True, False), "store": (False,), "service_tier": ("auto", "default"),
+    "modalities": (["text"],), "min_tokens": (0,), "skip_special_tokens": (True,),
+    "include_stop_str_in_output": (False,),
 }
 """OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
-too): a neutral value is accepted and ignored, any other is refused by name."""
+too): a neutral value is accepted and ignored, any other is refused by name. ``metadata`` (OpenAI's tags for a
+stored completion) and ``user`` are accepted whatever they hold and have no effect."""
 
 
 def _neutral(value: Any, neutrals: tuple[Any, ...]) -> bool:
@@ -115,7 +119,18 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 
 
 class _Strict(BaseModel):
+    """Strict validation (no unknown fields, no coercion), where ``null`` for an optional field means its default,
+    as in OpenAI's API (the ``openai`` client sends ``null`` for an argument passed as ``None``)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        optional = {field.alias or name for name, field in cls.model_fields.items() if not field.is_required()}
+        return {k: v for k, v in data.items() if v is not None or k not in optional}
 
 
 class StreamOptions(_Strict):
@@ -159,6 +174,7 @@ class SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
