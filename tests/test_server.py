@@ -268,6 +268,9 @@ def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server
         assert first.startswith("data: ") and busy.status_code == 200, first
         error = error_of(lambda: client.completions.create(model="tiny", prompt="x"), 429)  # full right now
         assert "queue is full" in error["message"]
+        full = httpx.post(plain_server.root + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                          json={"prompt": "x"})
+        assert full.status_code == 429 and full.headers["retry-after"] == "1"
     monkeypatch.setattr(llm, "step", step)
     plain_server.settle()
     error = error_of(lambda: client.completions.create(model="tiny", prompt="x" * 30_000), 413)

@@ -9,8 +9,8 @@ starts and stops with the app's lifespan, so the app runs under any ASGI server.
 
 Errors use OpenAI's shape: 400 bad request (the Python API's validation and the limits of
 :mod:`specdec.server.prepare`), 401 bad API key, 404
-unknown model or route, 413 body too large, 429 queue full, 503 shutting down, 500 (logged,
-never a traceback to the client). A client that disconnects has its sequences aborted before
+unknown model or route, 413 body too large, 429 queue full, 503 shutting down (both with ``Retry-After``), 500
+(logged, never a traceback to the client). A client that disconnects has its sequences aborted before
 the next step.
 """
 
@@ -45,6 +45,9 @@ from specdec.structured.state import GrammarEngineError
 DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
+RETRY_AFTER = 1
+"""Seconds a 429 (queue full) or 503 (shutting down) tells a client to wait (``Retry-After``: the ``openai`` client
+waits that long before its retry, where it would back off on its own otherwise)."""
 
 
 @dataclass
@@ -424,7 +427,8 @@ async def _respond(request: Request, submission: Submission, fields: SamplingFie
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: APIError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        retry = {"Retry-After": str(RETRY_AFTER)} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=retry)
 
     async def bad_input(_: Request, exc: SpecDecError) -> Response:
         return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)

@@ -2,8 +2,8 @@
 generator). Flag names follow ``vllm serve`` where vLLM has one.
 
 SIGTERM (or Ctrl+C): the server stops admitting (new connections are refused and idle keep-alive ones closed; a
-request that still reaches the app gets 503), lets running requests finish for ``--graceful-timeout`` seconds, ends the rest with a
-503 in OpenAI's shape (a stream: an error event, then ``data: [DONE]``), then exits with status 0.
+request that still reaches the app gets 503), lets running requests finish for ``--graceful-timeout`` seconds, ends
+the rest with a 503 in OpenAI's shape (a stream: an error event, then ``data: [DONE]``), then exits with status 0.
 """
 
 from __future__ import annotations
