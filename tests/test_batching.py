@@ -338,3 +338,33 @@ def test_batch_metrics_aggregate_the_requests(model_dirs, method):
         assert m.num_prompt_tokens > 0 and m.time_target > 0 and m.time_prefill > 0
         assert sum(m.drafted_per_position) == m.num_draft_tokens
         assert sum(m.accepted_per_position) == m.num_accepted_tokens
+
+
+def test_acceptance_counts_only_the_drafts_the_output_kept(text_model_dirs):
+    """With a draft identical to the target every draft is accepted. An output that ends inside a step's accepted
+    drafts (a stop token, a stop string) counts as accepted only the drafts it kept, and as generated only its
+    tokens, in the request's metrics, the engine's and the step outputs the server counts (it counted them all)."""
+    spec = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 4}
+    llm = LLM(text_model_dirs["target"], dtype="float64", speculative_config=spec)
+    prompt = "def f(x):"
+    tokens = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0].token_ids
+    cut = next(i for i in (2, 3, 1) if tokens[i] not in tokens[:i])  # a stop token inside the first step's drafts
+    text = llm.tokenizer.decode(tokens[: cut + 1])
+    ends = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[tokens[cut]]),
+            SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[text[-2:]])]
+    for params in ends:
+        before = (llm.batch_metrics.num_generated_tokens, llm.batch_metrics.num_accepted_tokens)
+        handle = llm.submit(prompt, params)
+        stepped = []
+        while not handle.done:
+            stepped += llm.step()
+        out = list(handle.pending)
+        kept = [t for o in out for t in o.token_ids]
+        metrics = out[-1].metrics
+        assert kept == tokens[: len(kept)] and len(kept) <= cut + 1 and out[-1].finish_reason == "stop"
+        assert metrics.num_steps == 1 and metrics.num_generated_tokens == len(kept)
+        assert metrics.num_accepted_tokens == len(kept) == sum(metrics.accepted_per_position)  # no bonus token
+        assert sum(o.num_accepted for o in stepped) == metrics.num_accepted_tokens
+        assert sum(len(o.token_ids) for o in stepped) == len(kept)
+        assert (llm.batch_metrics.num_generated_tokens - before[0], llm.batch_metrics.num_accepted_tokens - before[1]
+                ) == (len(kept), metrics.num_accepted_tokens)

@@ -34,7 +34,7 @@ from specdec.argmax import argmax
 from specdec.drafters.base import DraftBatch, Drafter
 from specdec.k_schedule import FixedK, ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
-from specdec.metrics import BatchMetrics, StageClock
+from specdec.metrics import BatchMetrics, RequestMetrics, StageClock
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
@@ -50,7 +50,8 @@ from specdec.verify import greedy_accepted, verify_sampled, verify_tree_greedy
 @dataclass
 class StepOutput:
     """What one step committed for one sequence: ``token_ids`` (stops and ``max_tokens``
-    already applied), how many tokens were drafted and accepted, and ``finish_reason``
+    already applied), how many tokens were drafted and how many of ``token_ids`` are accepted drafts (verification
+    may have accepted more, past where the output ended), and ``finish_reason``
     (None, "stop", "length", or "error" with ``error``: the row's grammar failed, see below); ``logprobs``: one
     per token of ``token_ids`` when the sequence's ``params.logprobs`` is set (see :mod:`specdec.logprobs`), else
     None."""
@@ -263,9 +264,10 @@ class Engine:
                     error, s.finish_reason = exc, "error"
             self.cache.set_length(s.slot, start + 1 + n)
             self.cache.commit_prefix(s.slot, s.token_ids)
-            s.metrics.record_step(drafted, n, len(kept))
+            emitted = min(n, len(kept))  # accepted drafts before the output ended (a stop token, the budget)
+            s.metrics.record_step(drafted, emitted, len(kept))
             accepted.append(n)
-            outputs.append(StepOutput(s.request_id, kept, drafted, n, s.finish_reason, error=error))
+            outputs.append(StepOutput(s.request_id, kept, drafted, emitted, s.finish_reason, error=error))
         if any(s.params.logprobs is not None for s in seqs):
             self._logprobs(seqs, outputs, verified, paths)
         if self.hidden_layers:  # the states of each row's verified positions: the pending token, the accepted drafts
@@ -397,6 +399,16 @@ class Engine:
             return verify_tree_greedy(draft.tokens, draft.parents, num_draft, target_logits)
         return verify_sampled(draft.tokens, draft.num_draft, draft.probs, draft.parents,
                               sampling.probs(target_logits), sampling)
+
+    def trim(self, out: StepOutput, keep: int, metrics: RequestMetrics) -> StepOutput:
+        """``out`` cut to its first ``keep`` tokens (a stop string in its text ended the output there), with the cut
+        tokens and accepted drafts taken back from its request's ``metrics`` and from the engine's."""
+        accepted, dropped = min(out.num_accepted, keep), len(out.token_ids) - keep
+        metrics.take_back(dropped, out.num_accepted, accepted)
+        self.metrics.num_generated_tokens -= dropped
+        self.metrics.num_accepted_tokens -= out.num_accepted - accepted
+        logprobs = None if out.logprobs is None else out.logprobs[:keep]
+        return dataclasses.replace(out, token_ids=out.token_ids[:keep], num_accepted=accepted, logprobs=logprobs)
 
     def _record(self, seqs: list[Sequence], outputs: list[StepOutput], times: dict[str, float]) -> None:
         m = self.metrics

@@ -349,41 +349,43 @@ class LLM:
 
     def step(self) -> list[StepOutput]:
         """Run one step for every running sequence (admitting waiting ones) and file each output with
-        its request; returns the step's outputs (none when idle). A failing step fails every request
-        in flight and re-raises."""
+        its request; returns the step's outputs as the requests keep them (none when idle). A failing step fails
+        every request in flight and re-raises."""
         with self._lock:
             try:
                 outputs = self.scheduler.step()
             except BaseException as exc:
                 self._fail_all(exc)
                 raise
-            for out in outputs:
-                self._file(out)
-            return outputs
+            return [self._file(out) for out in outputs]
 
-    def _file(self, out: StepOutput) -> None:
+    def _file(self, out: StepOutput) -> StepOutput:
         """Turn a step output into its request's next stream output (text, stop strings); a row that ended with an
-        error fails its request (and no other)."""
+        error fails its request (and no other). Returns the output as its request keeps it (cut where a stop string
+        ended the text: :meth:`Engine.trim`)."""
         request = self._requests.get(out.request_id)
         if request is None:
-            return
+            return out
         if out.error is not None:
             request.error, request.done = out.error, True
             del self._requests[out.request_id]
-            return
+            return out
         tracker = request.tracker
         kept = tracker.add(out.token_ids)
+        if kept < len(out.token_ids):
+            out = self.engine.trim(out, kept, request.seq.metrics)
         finish_reason = "stop" if tracker.stopped else out.finish_reason
         finished = finish_reason is not None
         text = tracker.delta(final=finished) if tracker.streaming else ""
-        logprobs = None if out.logprobs is None else self._logprob_dicts(out.token_ids[:kept], out.logprobs)
-        request.pending.append(StreamOutput(out.token_ids[:kept], text, finished, finish_reason,
+        logprobs = None if out.logprobs is None else self._logprob_dicts(out.token_ids, out.logprobs)
+        request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason,
                                             request.seq.metrics, logprobs))
         if finished:
             request.done = True
             del self._requests[out.request_id]
             if not out.finish_reason:  # a stop string ended it before the engine did
                 self.scheduler.abort(out.request_id)
+        return out
 
     def _logprob_dicts(self, token_ids: list[int], values: list[TokenLogprobs]) -> list[TokenLogprobDict]:
         """vLLM's form of the engine's logprobs of ``token_ids`` (one :data:`TokenLogprobDict` per token)."""

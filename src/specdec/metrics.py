@@ -62,6 +62,15 @@ class RequestMetrics:
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    def take_back(self, dropped: int, num_accepted: int, kept_accepted: int) -> None:
+        """Uncount what the last step counted past where the output ended (a stop string found in its text):
+        ``dropped`` emitted tokens, and of its ``num_accepted`` accepted drafts all but the first
+        ``kept_accepted``."""
+        self.num_generated_tokens -= dropped
+        self.num_accepted_tokens -= num_accepted - kept_accepted
+        for i in range(kept_accepted, num_accepted):
+            self.accepted_per_position[i] -= 1
+
     @property
     def time_total(self) -> float:
         return self.time_prefill + self.time_drafting + self.time_target + self.time_other
