@@ -135,7 +135,7 @@ def test_bench_serve_chat_fills_more_conversations_than_questions(tmp_path, caps
     taking a question a turn from the 64, they failed with an IndexError."""
     out = tmp_path / "chat.json"
     assert main(["bench-serve", "--in-process", "--methods", "plain", "--workloads", "chat", "--concurrency", "4",
-                 "--num-requests", "72", "--max-tokens", "2", "--warmup", "0", "--json", str(out)]) == 0
+                 "--num-requests", "72", "--max-tokens", "2", "--json", str(out)]) == 0
     [row] = json.loads(out.read_text())["rows"]
     assert row["workload"] == "chat" and row["requests"] == 72
 
@@ -246,15 +246,33 @@ def test_bench_serve_bad_request_rate(argv, capsys):
         in err[0]
 
 
+@pytest.mark.parametrize("flag", [["--warmup", "0"], ["--num-prompts", "4"], ["--disconnect-fraction", "0.5"]])
+def test_bench_serve_in_process_refuses_the_flags_of_a_server_run(flag, capsys):
+    """--warmup, --num-prompts and --disconnect-fraction shape a run against a server; --in-process ignored them."""
+    assert main(["bench-serve", "--in-process", "--methods", "plain", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[0]} set a run against a server" in err[0]
+
+
 def test_bench_serve_drives_a_server_in_a_closed_and_an_open_loop(text_model_dirs, tmp_path, capsys, monkeypatch):
     """The load generator against a running server: every request of a level completes, at a concurrency
-    and at a request rate, and the pool is empty after (prompts short enough for the tiny model's context)."""
+    and at a request rate, and the pool is empty after (prompts short enough for the tiny model's context). The
+    warm-up and the levels send each prompt once (a server that caches across requests, as suffix does, had seen
+    every measured prompt's output), unless --num-prompts holds fewer, which it says."""
     from test_server import PLAIN, TEMPLATE, Served, make_llm
 
     import specdec.train.corpus
-    from specdec.server import create_app
+    from specdec.server import create_app, loadgen
 
     monkeypatch.setattr(specdec.train.corpus, "code_prompts", lambda n, seed: [f"x = {i}\n" for i in range(n)])
+    sent = []
+    run_level = loadgen.run_level
+
+    async def recorded(base_url, model, prompts, concurrency, num, *args, first=0, **kwargs):
+        sent.extend(prompts[(first + i) % len(prompts)] for i in range(num))
+        return await run_level(base_url, model, prompts, concurrency, num, *args, first=first, **kwargs)
+
+    monkeypatch.setattr(loadgen, "run_level", recorded)
 
     served = Served(create_app(make_llm(text_model_dirs, None, PLAIN), served_model_name="tiny", api_key="",
                                chat_template=TEMPLATE))
@@ -267,7 +285,12 @@ def test_bench_serve_drives_a_server_in_a_closed_and_an_open_loop(text_model_dir
             assert row["completed"] == 4 == row["requests"] and row["errors"] == 0 and row["tokens"] == 12
             assert row["running_after"] == 0 and row["ttft_ms_p50"] > 0
         assert row["request_rate"] == 20.0 and row["concurrency"] is None
-        assert "20/s  4/4 ok" in capsys.readouterr().out
+        got = capsys.readouterr()
+        assert "20/s  4/4 ok" in got.out and "5 requests over 4 prompts: prompts are sent again" in got.err
+        sent.clear()
+        assert main(["bench-serve", "--base-url", served.root + "/v1", "--concurrency", "1", "2", "--num-requests",
+                     "3", "--max-tokens", "2", "--warmup", "2"]) == 0
+        assert len(sent) == 8 == len(set(sent)) and "sent again" not in capsys.readouterr().err
     finally:
         served.stop()
 
@@ -396,3 +419,16 @@ def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch
         assert written["environment"]["dtype"] and written["environment"]["torch"] == torch.__version__
     assert "eagle, code, 4 streams, new / old, medians: tokens_per_second 1.20, ttft_ms_p50 1.00, itl_ms_p99 0.80" \
         in capsys.readouterr().out
+
+
+def test_bench_serve_in_process_levels_start_with_a_drafter_that_forgot(monkeypatch):
+    """Every level sends prompts the warm-up (and the level before) sent: suffix's cache of earlier outputs is emptied
+    before each level (it drafted those outputs from memory: 224 of 224 drafts accepted at two streams)."""
+    from specdec.drafters.suffix import SuffixDrafter
+
+    forgot = []
+    forget = SuffixDrafter.forget
+    monkeypatch.setattr(SuffixDrafter, "forget", lambda self: forgot.append(len(self.shared.docs)) or forget(self))
+    assert main(["bench-serve", "--in-process", "--methods", "suffix", "--workloads", "code", "--concurrency", "1",
+                 "2", "--max-tokens", "3", "--num-requests", "2"]) == 0
+    assert len(forgot) == 2 and min(forgot) > 0  # before each level, with the outputs of the requests before it

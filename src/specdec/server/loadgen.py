@@ -100,14 +100,15 @@ async def one_request(client, url: str, body: dict[str, Any], headers: dict[str,
 
 async def run_level(base_url: str, model: str | None, prompts: list[str], concurrency: int, num_requests: int,
                     max_tokens: int, temperature: float, headers: dict[str, str], disconnect_fraction: float,
-                    rng: random.Random, arrivals: list[float] | None = None) -> tuple[list[Result], float]:
-    """``num_requests`` requests, ``concurrency`` in flight (a closed loop), or with ``arrivals`` each sent that
-    many seconds after the start however many are in flight (an open loop, :mod:`specdec.bench.arrivals`);
-    returns the results and the wall time."""
+                    rng: random.Random, arrivals: list[float] | None = None, first: int = 0
+                    ) -> tuple[list[Result], float]:
+    """``num_requests`` requests of the prompts from number ``first`` on (cycled), ``concurrency`` in flight (a
+    closed loop), or with ``arrivals`` each sent that many seconds after the start however many are in flight (an
+    open loop, :mod:`specdec.bench.arrivals`); returns the results and the wall time."""
     import httpx
 
     url = base_url.rstrip("/") + "/completions"
-    plan = [(prompts[i % len(prompts)], rng.randint(1, 4) if rng.random() < disconnect_fraction else None)
+    plan = [(prompts[(first + i) % len(prompts)], rng.randint(1, 4) if rng.random() < disconnect_fraction else None)
             for i in range(num_requests)]
     results: list[Result] = []
     connections = (num_requests if arrivals is not None else concurrency) + 4
@@ -214,11 +215,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--seed, the same for every method) at RATE a second on average, whatever is in flight")
     p.add_argument("--max-tokens", type=number(int, 1), default=32, help="tokens per request (ignore_eos; default 32)")
     p.add_argument("--temperature", type=number(float, 0), default=0.0, help="default 0 (greedy)")
-    p.add_argument("--num-prompts", type=number(int, 1), default=64,
-                   help="held-out code prompts to cycle through (default 64)")
-    p.add_argument("--warmup", type=number(int, 0), default=2, help="requests sent before measuring (default 2)")
-    p.add_argument("--disconnect-fraction", type=number(float, 0, 1), default=0.0,
-                   help="share of requests that disconnect after 1-4 chunks (default 0)")
+    p.add_argument("--num-prompts", type=number(int, 1), default=None,
+                   help="held-out code prompts to send in turn (default: one per request of the run, warm-up "
+                   "included, so that none is sent twice while the corpus lasts: a server's cross-request cache, "
+                   "as suffix keeps, would otherwise be measured on outputs it has seen); not with --in-process")
+    p.add_argument("--warmup", type=number(int, 0), default=None,
+                   help="requests sent before measuring (default 2); not with --in-process, which warms up itself")
+    p.add_argument("--disconnect-fraction", type=number(float, 0, 1), default=None,
+                   help="share of requests that disconnect after 1-4 chunks (default 0); not with --in-process")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt order and of the disconnects")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     g = p.add_argument_group("in-process serving benchmark (--in-process: no server; the embedded pair, one "
@@ -267,6 +271,11 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.in_process:
         from specdec.bench.serving import run_in_process
 
+        given = [f"--{name.replace('_', '-')}" for name in ("num_prompts", "warmup", "disconnect_fraction")
+                 if getattr(args, name) is not None]
+        if given:
+            raise SpecDecError(f"{', '.join(given)} set a run against a server; --in-process sends its own workloads "
+                               "after its own warm-up, and no client disconnects there")
         return run_in_process(args)
     if args.shape is not None or args.shape_cache is not None:
         raise SpecDecError("--shape and --shape-cache pick the in-process benchmark's models; they take --in-process "
@@ -281,28 +290,34 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SpecDecError(f"--concurrency levels must be >= 1, got {args.concurrency}")
     check_rates(args.request_rate)
-    if not 0.0 <= args.disconnect_fraction <= 1.0:
-        raise SpecDecError(f"--disconnect-fraction must be in [0, 1], got {args.disconnect_fraction}")
+    warmup = 2 if args.warmup is None else args.warmup
+    disconnect_fraction = args.disconnect_fraction or 0.0
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    prompts = code_prompts(args.num_prompts, seed=args.seed)
+    levels = ([(None, rate) for rate in args.request_rate] if args.request_rate
+              else [(concurrency, None) for concurrency in args.concurrency])
+    sizes = [args.num_requests or max(8, 2 * (concurrency or max(args.concurrency))) for concurrency, _ in levels]
+    # The warm-up and every level take the prompts after the last one sent, so that no prompt is sent twice while
+    # there are prompts enough.
+    prompts = code_prompts(args.num_prompts or warmup + sum(sizes), seed=args.seed)
+    if len(prompts) < warmup + sum(sizes):
+        print(f"bench-serve: {warmup + sum(sizes)} requests over {len(prompts)} prompts: prompts are sent again, and "
+              "a server that caches across requests (suffix) is measured on outputs it has seen", file=sys.stderr)
     rng = random.Random(args.seed)
     try:
         scrape(args.base_url, headers)
     except Exception as exc:
         raise SpecDecError(f"no server answers at {args.base_url}: {exc}") from None
-    if args.warmup:
-        asyncio.run(run_level(args.base_url, args.model, prompts, 1, args.warmup, args.max_tokens,
+    if warmup:
+        asyncio.run(run_level(args.base_url, args.model, prompts, 1, warmup, args.max_tokens,
                               args.temperature, headers, 0.0, rng))
-    rows = []
-    levels = ([(None, rate) for rate in args.request_rate] if args.request_rate
-              else [(concurrency, None) for concurrency in args.concurrency])
-    for concurrency, rate in levels:
+    rows, sent = [], warmup
+    for (concurrency, rate), num in zip(levels, sizes):
         before = settle(args.base_url, headers)
-        num = args.num_requests or max(8, 2 * (concurrency or max(args.concurrency)))
         arrivals = poisson_arrivals(num, rate, args.seed) if rate is not None else None
         results, seconds = asyncio.run(run_level(args.base_url, args.model, prompts, concurrency or 0, num,
                                                  args.max_tokens, args.temperature, headers,
-                                                 args.disconnect_fraction, rng, arrivals))
+                                                 disconnect_fraction, rng, arrivals, first=sent))
+        sent += num
         after = settle(args.base_url, headers)
         row = summarize(results, seconds, concurrency, rate)
         row.update(running_after=after.get("running"), waiting_after=after.get("waiting"),
