@@ -77,7 +77,7 @@ def _methods_table() -> list[str]:
 def _flags_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
         names = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
         default = action.default
@@ -93,11 +93,18 @@ def _flags_table(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _prometheus_table() -> list[str]:
-    """The server's Prometheus collectors, read from a fresh registry (process collectors left out)."""
+    """The server's Prometheus collectors, read from a fresh registry with an engine's collectors registered as
+    ``specdec serve`` registers them (over an empty pool and scheduler; process collectors left out)."""
+    from types import SimpleNamespace
+
+    from specdec.metrics import BatchMetrics
     from specdec.server.metrics import ServerMetrics
 
+    metrics = ServerMetrics("model")
+    empty_pool = SimpleNamespace(num_used_blocks=0, num_blocks=0, block_size=16, prefix_cache_counts=lambda: (0, 0))
+    metrics.watch_engine(BatchMetrics(), empty_pool, SimpleNamespace(num_preemptions=0))
     rows = ["| name | type | meaning |", "| --- | --- | --- |"]
-    for family in ServerMetrics("model").registry.collect():
+    for family in metrics.registry.collect():
         if family.name.startswith("process_"):
             continue
         name = f"{family.name}_total" if family.type == "counter" else family.name
@@ -105,12 +112,14 @@ def _prometheus_table() -> list[str]:
     return rows
 
 
-def _commands() -> dict[str, argparse.ArgumentParser]:
+def _commands() -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """Each ``specdec`` command's parser and its one-line help."""
     from specdec.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices.items())
+    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}
+    return {name: (command, helps.get(name, "")) for name, command in sub.choices.items()}
 
 
 def render() -> str:
@@ -167,9 +176,24 @@ def render() -> str:
         "wherever k is taken.",
         "",
     ]
-    for name, parser in _commands().items():
-        out += [f"### `specdec {name}`", "", _cell(parser.description or ""), "", *_flags_table(parser), ""]
+    for name, (parser, summary) in _commands().items():
+        out += _command_section(f"specdec {name}", parser, "###", summary)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _command_section(name: str, parser: argparse.ArgumentParser, heading: str, summary: str = "") -> list[str]:
+    """A command's description (or its one-line ``summary``) and flags, then each of its subcommands'
+    (``specdec train lm``) a level down."""
+    out = [f"{heading} `{name}`", "", _cell(parser.description or summary), ""]
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    flags = [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    if flags or not subcommands:
+        out += [*_flags_table(parser), ""]
+    for action in subcommands:
+        helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+        for sub, subparser in action.choices.items():
+            out += _command_section(f"{name} {sub}", subparser, heading + "#", helps.get(sub, ""))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -387,3 +387,19 @@ def test_truncated_weights(model_dirs, tmp_path):
     (draft / "config.json").write_text("{nope")
     with pytest.raises(SpecDecError, match="could not load the config"):
         LLM(draft)
+
+
+def test_head_methods_name_the_head_folder_they_need(model_dirs, capsys):
+    """eagle3 without a folder asked for a head, not for the embedded draft model (which it was given and refused as
+    "not an EAGLE-3 head"); medusa given a model folder says it holds no heads (it said 'num_heads' must be a
+    positive integer)."""
+    assert main(["generate", "x", "--speculative-method", "eagle3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--speculative-method eagle3 needs --speculative-model (EAGLE-3" in err[0]
+    target = str(model_dirs["llama"]["target"])
+    prompt_file = model_dirs["llama"]["target"].parent / "prompt.jsonl"
+    prompt_file.write_text('{"prompt_token_ids": [1, 2, 3]}\n')
+    assert main(["generate", "--prompts-file", str(prompt_file), "--model", target, "--speculative-method", "medusa",
+                 "--speculative-model", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no Medusa heads" in err[0]

@@ -27,6 +27,19 @@ def test_json_output_fields(text_model_dirs, capsys):
         assert key in metrics
 
 
+def test_max_tokens_past_the_context_is_said_once(text_model_dirs, capsys):
+    """The API generates what max_model_len leaves after the prompt (as vLLM's offline LLM does); the command says
+    so before it runs, where it was silent."""
+    code = main(["generate", "def f(x):", "--model", str(text_model_dirs["target"]), "--max-model-len", "24",
+                 "--max-tokens", "100", "--ignore-eos", "--dtype", "float64", "--json"])
+    assert code == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    fit = 24 - record["metrics"]["num_prompt_tokens"]
+    assert len(record["token_ids"]) == fit and record["finish_reason"] == "length"
+    assert f"--max-tokens 100: at most {fit} tokens fit after the prompt in --max-model-len 24" in captured.err
+
+
 def test_plain_text_stream_and_summary(text_model_dirs, capsys):
     common = ["--model", str(text_model_dirs["target"]), "--max-tokens", "10", "--ignore-eos",
               "--dtype", "float64", "--speculative-method", "ngram"]

@@ -189,6 +189,7 @@ BAD_VERIFY = [
     (["--temperature", "0"], "--temperature 0 is greedy: the sampling test would have a single outcome"),
     (["--temperature", "nan"], "--temperature must be a finite number above 0"),
     (["--temperature", "-1"], "--temperature must be a finite number above 0"),
+    (["--num-prompts", "1", "--sampling-prompts", "5"], "--sampling-prompts 5 is more than --num-prompts 1"),
 ]
 
 

@@ -58,3 +58,12 @@ def test_fails_when_greedy_verification_accepts_everything(pair, capsys, monkeyp
 def test_plain_is_a_bad_input(pair, capsys):
     assert verify(pair, "--speculative-method", "none") == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_a_prompts_file_shorter_than_the_sampling_prompts_is_a_bad_input(pair, capsys, tmp_path):
+    """--sampling-prompts past the prompts a file holds ran the test on fewer prompts, silently."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt_token_ids": [1, 2, 3]}\n')
+    assert verify(pair, "--prompts-file", str(prompts), "--sampling-prompts", "2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sampling-prompts 2 is more than the 1 prompts of" in err[0]

@@ -199,17 +199,18 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
         return model, draft if isinstance(draft, str) else None, str(spec.get("method"))
     model, draft, method = args.model, args.speculative_model, args.speculative_method
     kind = DRAFTERS[method] if method not in (None, PLAIN) else None
-    needs_model = method is None or (kind is not None and (kind.needs_model or kind.composite))
+    takes_pair_draft = method is None or (kind is not None and (kind.draft_lm or kind.composite))
     if model is None:
         pair = require_default_pair()
         model = str(pair[0])
-        if draft is None and needs_model:
+        if draft is None and takes_pair_draft:
             draft = str(pair[1])
     if method is None:
         method = DEFAULT_WITH_DRAFT if draft else PLAIN
     if method != PLAIN and DRAFTERS[method].needs_model:
         if not draft:
-            raise SpecDecError(f"--speculative-method {method} needs --speculative-model")
+            raise SpecDecError(f"--speculative-method {method} needs --speculative-model "
+                               f"({DRAFTERS[method].description})")
     elif method != PLAIN and DRAFTERS[method].optional_model:
         draft = args.speculative_model  # its own default (the embedded target's heads) when None
     elif method != PLAIN and DRAFTERS[method].composite:
@@ -362,9 +363,12 @@ def run(args: argparse.Namespace) -> int:
               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
               deterministic=args.deterministic)
     llm.check_params(params)
-    for prompt in prompts:  # a bad prompt is the one line of an error, before the backend line
-        llm.encode_prompt(prompt)
+    longest = max(len(llm.encode_prompt(p)[1]) for p in prompts)  # a bad prompt: the one line of an error, first
     print(f"[specdec] {backend_line(llm.target)}", file=sys.stderr, flush=True)
+    if params.max_tokens > llm.max_model_len - longest:  # the API generates what the context leaves, as vLLM's
+        print(f"[specdec] --max-tokens {params.max_tokens}: at most {llm.max_model_len - longest} tokens fit after "
+              f"the {'longest ' if len(prompts) > 1 else ''}prompt in --max-model-len {llm.max_model_len}; a prompt "
+              "stops there (finish_reason length)", file=sys.stderr, flush=True)
     if llm.speculative_config is not None:
         k = llm.speculative_config.num_speculative_tokens
     warm_up(llm, prompts[0], params, args.warmup)

@@ -70,6 +70,9 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise SpecDecError(f"{flag} must be at least 1, got {value}")
     if args.sampling_prompts < 0:
         raise SpecDecError(f"--sampling-prompts must be at least 0, got {args.sampling_prompts}")
+    if args.sampling_prompts > args.num_prompts:
+        raise SpecDecError(f"--sampling-prompts {args.sampling_prompts} is more than --num-prompts "
+                           f"{args.num_prompts}: the sampling test takes the first of the greedy prompts")
     if not 0 < args.significance < 1:
         raise SpecDecError(f"--significance must be in (0, 1), got {args.significance}")
     if args.top_k > MAX_TOP_K:
@@ -132,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
           + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}",
           flush=True)
     prompts = _prompts(args, reference)
+    if len(prompts) < args.sampling_prompts:
+        raise SpecDecError(f"--sampling-prompts {args.sampling_prompts} is more than the {len(prompts)} prompts of "
+                           f"{args.prompts_file}: the sampling test takes the first of the greedy prompts")
     print(f"greedy: generating {len(prompts)} prompts x {args.max_tokens} tokens, plain and speculative ...",
           flush=True)
     verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens)

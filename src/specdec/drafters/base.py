@@ -267,6 +267,9 @@ class Drafter(ABC):
     description: ClassVar[str]
     #: Whether the method needs ``speculative_config["model"]`` (a draft model).
     needs_model: ClassVar[bool] = False
+    #: Whether the method's ``model`` is a draft causal LM (the command line then drafts with the embedded pair's
+    #: draft when it names none; a head folder is not one).
+    draft_lm: ClassVar[bool] = False
     #: Whether the method takes a ``model`` (a folder) but has a default without one (trained heads).
     optional_model: ClassVar[bool] = False
     #: Whether the method honours ``draft_confidence_threshold`` (its proposals have a confidence).

@@ -22,6 +22,7 @@ from specdec.drafters.draft_lm import DraftLM
 from specdec.drafters.draft_vocab import DraftVocab, full_logits, head_rows
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, prefill_batches, to_device
+from specdec.models.families import FAST_BACKEND
 from specdec.models.grid import WIDE_TOKENS
 from specdec.models.loader import load_tokenizer
 from specdec.sampling import SamplingBatch
@@ -59,6 +60,7 @@ class DraftModelDrafter(DraftLM):
     method = "draft_model"
     description = "draft model: a smaller LM with the target's vocabulary samples k tokens"
     needs_model = True
+    draft_lm = True
     confidence_stop = True
     draft_vocab = True
 
@@ -106,7 +108,7 @@ class DraftModelDrafter(DraftLM):
         if not model.supports_layer_subsets:
             if size is None:
                 return None
-            raise SpecDecError(f"draft_vocab_size needs the draft model on the fast backend (Llama, Qwen2, Mistral); "
+            raise SpecDecError(f"draft_vocab_size needs the draft model on {FAST_BACKEND}; "
                                f"{model.name!r} runs on {type(model).__name__}")
         return DraftVocab.load(folder, size, model.lm_head)
 

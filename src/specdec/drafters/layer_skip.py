@@ -33,6 +33,7 @@ from specdec.drafters.heads.common import (
 from specdec.drafters.heads.modules import EarlyExitAdapter
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
+from specdec.models.families import FAST_BACKEND
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
@@ -130,7 +131,7 @@ class LayerSkipDrafter(Drafter):
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> LayerSkipDrafter:
         if not target.supports_layer_subsets:
-            raise SpecDecError(f"speculative method 'layer_skip' needs the fast backend (Llama, Qwen2, Mistral); "
+            raise SpecDecError(f"speculative method 'layer_skip' needs {FAST_BACKEND}; "
                                f"{target.name!r} runs on {type(target).__name__}")
         n = target.num_layers
         if config.early_exit or config.model is not None:

@@ -18,6 +18,7 @@ from specdec.drafters.base import (
 from specdec.drafters.jacobi import JacobiWindow, NgramPool, lookahead_tree
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
+from specdec.models.families import FAST_BACKEND
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
@@ -81,7 +82,7 @@ class LookaheadDrafter(Drafter):
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> LookaheadDrafter:
         if not target.supports_tree_mask:
             raise SpecDecError(
-                f"lookahead proposes trees, which need the fast backend (Llama, Qwen2, Mistral); {target.name!r} "
+                f"lookahead proposes trees, which need {FAST_BACKEND}; {target.name!r} "
                 "runs on transformers' forward"
             )
         return cls(config.lookahead_window, config.lookahead_ngram, config.lookahead_guesses, options.device)

@@ -10,6 +10,7 @@ import torch
 from specdec.drafters.base import DraftBatch, Drafter, LoadOptions, SpeculativeConfig, register_drafter
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
+from specdec.models.families import FAST_BACKEND
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 
@@ -146,7 +147,7 @@ class NgramDrafter(Drafter):
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> NgramDrafter:
         if config.num_candidates > 1 and not target.supports_tree_mask:
             raise SpecDecError(
-                f"ngram with num_candidates > 1 proposes trees, which need the fast backend (Llama, Qwen2, Mistral); "
+                f"ngram with num_candidates > 1 proposes trees, which need {FAST_BACKEND}; "
                 f"{target.name!r} runs on transformers' forward: use num_candidates=1"
             )
         return cls(config.prompt_lookup_max, config.prompt_lookup_min, options.device, config.num_candidates)

@@ -101,6 +101,9 @@ FAMILIES: dict[str, Family] = {
 }
 """Every model type the fast backend runs (``config.model_type``)."""
 
+FAST_BACKEND = f"the fast backend (model types {', '.join(FAMILIES)})"
+"""How an error names the fast backend where a feature needs it."""
+
 
 @dataclass(frozen=True)
 class DecoderSpec:

@@ -29,6 +29,7 @@ from transformers import cache_utils as hf_cache
 
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM, ForwardBatch, ForwardOutput, KVCache
+from specdec.models.families import FAST_BACKEND
 
 CACHE_ARGUMENTS = ("cache", "past_key_values")
 """Names of the forward's cache argument, current first: transformers renamed ``past_key_values``
@@ -183,11 +184,10 @@ class HFCausalLM(CausalLM):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: DynamicCachePool) -> ForwardOutput:
         if batch.tree_mask is not None:
-            raise SpecDecError(f"{self.name}: tree attention masks need the fast backend (Llama, Qwen2, Mistral)")
+            raise SpecDecError(f"{self.name}: tree attention masks need {FAST_BACKEND}")
         if batch.layers is not None or batch.input_hidden is not None or batch.exit_adapter is not None or \
                 batch.output_head is not None:
-            raise SpecDecError(f"{self.name}: a subset of layers or of the output head needs the fast backend "
-                               "(Llama, Qwen2, Mistral)")
+            raise SpecDecError(f"{self.name}: a subset of layers or of the output head needs {FAST_BACKEND}")
         self.check_fits(batch, cache)
         want_hidden = bool(batch.hidden_layers)
         wanted = batch.logits_rows

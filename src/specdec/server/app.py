@@ -34,7 +34,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM, StreamOutput, TokenLogprobDict
 from specdec.metrics import RequestMetrics
-from specdec.server.kv_metrics import KVCacheCollector
 from specdec.server.logprobs import chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
@@ -314,9 +313,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
-    metrics.watch_grammars(llm.batch_metrics)
-    metrics.watch_policy(llm.batch_metrics)
-    metrics.registry.register(KVCacheCollector(llm.engine.cache, llm.scheduler, name))
+    metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler)
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)

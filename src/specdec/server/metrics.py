@@ -18,6 +18,9 @@ from prometheus_client.core import CounterMetricFamily
 
 from specdec.engine import StepOutput
 from specdec.metrics import BatchMetrics
+from specdec.models.base import KVCache
+from specdec.scheduler import Scheduler
+from specdec.server.kv_metrics import KVCacheCollector
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -71,6 +74,15 @@ class ServerMetrics:
             "Engine steps in which no sequence drafted (plain decoding, or speculation switched off).").labels(
             model_name)
         self._model_name = model_name
+
+    def watch_engine(self, batch: BatchMetrics, cache: KVCache, scheduler: Scheduler) -> None:
+        """Expose what an engine counts (read at each scrape): its grammar compilations and k-policy decisions
+        in ``batch`` (:meth:`watch_grammars`, :meth:`watch_policy`) and its target pool's and ``scheduler``'s
+        figures (:class:`~specdec.server.kv_metrics.KVCacheCollector`). ``specdec serve`` and the configuration
+        reference both register through here."""
+        self.watch_grammars(batch)
+        self.watch_policy(batch)
+        self.registry.register(KVCacheCollector(cache, scheduler, self._model_name))
 
     def watch_grammars(self, batch: BatchMetrics) -> None:
         """Expose the structured-output compilations counted in ``batch`` (read at each scrape):

@@ -277,6 +277,10 @@ def load_medusa(folder: Path, target: CausalLM, lm_head: torch.Tensor) -> tuple[
         def head(i: int) -> str:
             return f"{i}.{num_layers}.weight"
     else:
+        if "num_heads" not in data and not any(k.startswith("lm_heads.") for k in tensors):
+            raise SpecDecError(f"{str(folder)!r} holds no Medusa heads (no medusa_num_heads or num_heads in its "
+                               f"config.json, architectures {data.get('architectures')}): give a folder of Medusa "
+                               "heads in FasterDecoding's or vLLM's layout, or a folder from specdec train medusa")
         num_heads = _int(data, "num_heads", folder)
         num_layers = _int(data, "num_hidden_layers", folder, 1)
         if data.get("truncated_vocab_size") not in (None, data.get("vocab_size")) or "token_map" in tensors:
