@@ -112,6 +112,31 @@ def test_aborting_an_unknown_request_is_a_no_op(llm):
     assert len(out.outputs[0].token_ids) == 3
     llm.abort(out.request_id)  # finished: also a no-op
     assert not llm.scheduler.has_work
+    running = llm.submit({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=3))
+    with pytest.raises(SpecDecError, match="request_id must be a string"):  # was a TypeError while one ran
+        llm.abort(["x"])
+    llm.abort(running.seq.request_id)
+    assert not llm.scheduler.has_work
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p"])
+def test_an_integer_past_floats_range_is_a_bad_value(field):
+    with pytest.raises(SpecDecError, match=field):  # was an OverflowError
+        SamplingParams(**{field: 10**400})
+
+
+def test_a_folder_without_tokenizer_files_has_no_tokenizer(tmp_path):
+    """transformers builds an empty tokenizer from such a folder for GPT-2: "hello" became one unknown token or
+    "an empty prompt"; the folder now has no tokenizer, and a text prompt says to pass token ids."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.tokenizer is None
+    with pytest.raises(SpecDecError, match="has no tokenizer: pass prompts as"):
+        llm.generate("hello", SamplingParams(max_tokens=2))
+    assert len(llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
 
 
 def test_more_prompts_than_slots_are_queued(model_dirs):

@@ -308,7 +308,10 @@ class LLM:
             return request
 
     def abort(self, request_id: str) -> None:
-        """Stop a request and free its slot; an unknown or finished id is a no-op."""
+        """Stop a request and free its slot; an unknown or finished id is a no-op (one that is not a string is a
+        :class:`SpecDecError`)."""
+        if not isinstance(request_id, str):
+            raise SpecDecError(f"request_id must be a string (a request's id), got {type(request_id).__name__}")
         with self._lock:
             request = self._requests.pop(request_id, None)
             self.scheduler.abort(request_id)

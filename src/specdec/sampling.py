@@ -43,7 +43,13 @@ def is_seed(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool); an int too large for a float (``10**400``) is not one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_text(text: str, what: str) -> None:
@@ -64,8 +70,9 @@ class SamplingParams:
 
     ``temperature=0`` is greedy decoding, and so is any temperature below
     :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. A fixed ``seed`` (an
-    integer in ``0..2**64-1``) makes a request reproducible whatever else runs in the same
-    process. ``stop`` strings end generation; the returned text excludes the stop string (at most
+    integer in ``0..2**64-1``) makes a request's random numbers the same whatever else runs in the same
+    process (its tokens too where the arithmetic does not depend on the batch: float64, or deterministic mode).
+    ``stop`` strings end generation; the returned text excludes the stop string (at most
     :data:`MAX_STOP_STRINGS` strings of at most :data:`MAX_STOP_LENGTH` characters).
     ``stop`` and ``stop_token_ids`` are stored as tuples. ``structured_outputs``: a constraint on the
     output (a :class:`~specdec.structured.StructuredOutputsParams` or a dict of its fields; JSON schema,
@@ -148,7 +155,7 @@ class SamplingBatch:
 
     ``params[b]`` and ``generators[b]`` belong to row ``b``. Every random number of a row comes
     from its own generator, in an order that depends on that row alone, so a seeded request
-    samples the same tokens alone or in any batch. The parameters reach the device as tensors
+    draws the same random numbers alone or in any batch. The parameters reach the device as tensors
     (``temperature``, ``top_p``, ``min_p`` ``[B]`` float64, ``top_k`` ``[B]`` int64 with 0 for
     off, ``greedy`` ``[B]`` bool) only when a sampled row needs them: an all-greedy step copies
     nothing to the device.

@@ -214,6 +214,10 @@ def backend_line(lm: CausalLM) -> str:
     return f"backend: fast ({dtype}, deterministic)" if lm.deterministic else f"backend: fast ({dtype})"
 
 
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model", "*.tiktoken")
+"""File names (glob patterns) of which a folder holds at least one when it holds a tokenizer."""
+
+
 def load_tokenizer(source: ModelSource, required: bool):
     """The tokenizer in ``source`` (a folder, hub id or a loaded model's folder), or None when absent and
     not ``required``; a required one raises :class:`SpecDecError` (a missing local folder named as such)."""
@@ -228,6 +232,12 @@ def load_tokenizer(source: ModelSource, required: bool):
     text, folder = str(source), Path(source).expanduser()
     if folder.is_dir():
         text = str(folder)
+        if not any(next(folder.glob(pattern), None) for pattern in TOKENIZER_FILES):
+            # transformers builds an empty tokenizer for some model types (GPT-2, Gemma 3) from a folder without one,
+            # which turned every text prompt into unknown tokens or none
+            if required:
+                raise SpecDecError(f"{text!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+            return None
     elif not _HUB_ID.match(text) or text.startswith((".", "~")):
         if required:
             raise SpecDecError(f"tokenizer folder {text!r} does not exist")
