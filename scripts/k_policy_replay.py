@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -84,25 +85,34 @@ class Row:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
+def feed(path: Path) -> Iterator[tuple[AdaptiveK, list[Row], dict]]:
+    """One trace fed open-loop to a fresh policy: yields ``(policy, seqs, event)`` for every event, an observed step
+    before the policy observes it, a decision after the policy made it (then set to what the run did)."""
+    events = json.loads(path.read_text())["events"]
+    policy = AdaptiveK(**events[0]["policy"])
+    rows: dict[str, Row] = {}
+    for event in events[1:]:
+        seqs = [rows.setdefault(i, Row(i)) for i in event.get("choose") or event.get("observe")]
+        if "observe" in event:
+            yield policy, seqs, event
+            policy.observe(seqs, event["drafted"], event["accepted"], StepCost(**event["step"]))
+            continue
+        policy.choose(seqs, event["limits"], None, event["prompt_tokens"], event["prompt_backlog"])
+        policy.asked, policy.joining = event["ks"], event["joining"]  # open loop: what the run did
+        yield policy, seqs, event
+
+
 def replay(path: Path, variant: str) -> dict[str, int]:
     """One trace fed open-loop to a fresh policy of ``variant``: decisions at one row in the measured requests,
     how many priced one draft over the bound with and without the calibration, and the longest stretch of
     decisions in a row so priced (with it)."""
     Pace.calibrate = VARIANTS[variant]
     try:
-        events = json.loads(path.read_text())["events"]
-        policy = AdaptiveK(**events[0]["policy"])
-        rows: dict[str, Row] = {}
         counts = {"decisions": 0, "over": 0, "over_uncalibrated": 0, "longest": 0}
         stretch = 0
-        for event in events[1:]:
-            ids = event.get("choose") or event.get("observe")
-            seqs = [rows.setdefault(i, Row(i)) for i in ids]
+        for policy, seqs, event in feed(path):
             if "observe" in event:
-                policy.observe(seqs, event["drafted"], event["accepted"], StepCost(**event["step"]))
                 continue
-            policy.choose(seqs, event["limits"], None, event["prompt_tokens"], event["prompt_backlog"])
-            policy.asked, policy.joining = event["ks"], event["joining"]  # open loop: what the run did
             model = policy._model(1) if len(seqs) == 1 else None
             if model is None or not event["measured"] or not event["limits"][0]:
                 continue
@@ -126,14 +136,14 @@ def width_errors(path: Path) -> dict[int, tuple[list[float], list[float]]]:
     width has ``GUARD_EVIDENCE`` of its own)."""
     errors: dict[int, tuple[list[float], list[float]]] = {}
     per_width: dict[int, Calibration] = {}
-    width = [0]
+    at: dict = {"width": 0, "policy": None}  # the step being observed (width 0: not one row drafting), the policy
 
     def calibrate(pace: Pace, kind: Calibration, measured: float, predicted: float) -> None:
-        if width[0] and kind is policy.calibration[1][1]:
+        if at["width"] and kind is at["policy"].calibration[1][1]:
             seen = measured / (pace.value or 1.0) / predicted  # as the kind's calibration takes it
-            own = per_width.setdefault(width[0], Calibration(policy.guard_decay))
+            own = per_width.setdefault(at["width"], Calibration(kind.decay))
             if kind.weight >= GUARD_EVIDENCE:
-                shared, apart = errors.setdefault(width[0], ([], []))
+                shared, apart = errors.setdefault(at["width"], ([], []))
                 shared.append(math.log(seen / kind.ratio()))
                 apart.append(math.log(seen / (own if own.weight >= GUARD_EVIDENCE else kind).ratio()))
             own.add(measured / (pace.value or 1.0), predicted)
@@ -141,18 +151,10 @@ def width_errors(path: Path) -> dict[int, tuple[list[float], list[float]]]:
 
     Pace.calibrate = calibrate
     try:
-        events = json.loads(path.read_text())["events"]
-        policy = AdaptiveK(**events[0]["policy"])
-        rows: dict[str, Row] = {}
-        for event in events[1:]:
-            seqs = [rows.setdefault(i, Row(i)) for i in event.get("choose") or event.get("observe")]
+        for policy, seqs, event in feed(path):
             if "observe" in event:
-                step = StepCost(**event["step"])
-                width[0] = step.width if len(seqs) == 1 else 0
-                policy.observe(seqs, event["drafted"], event["accepted"], step)
-            else:
-                policy.choose(seqs, event["limits"], None, event["prompt_tokens"], event["prompt_backlog"])
-                policy.asked, policy.joining = event["ks"], event["joining"]
+                at["width"] = event["step"]["width"] if len(seqs) == 1 else 0
+                at["policy"] = policy
         return errors
     finally:
         Pace.calibrate = CALIBRATE
