@@ -390,7 +390,7 @@ def test_interleaved_control_runs_the_first_variant_under_every_name(monkeypatch
     rows with the settings and where they ran."""
     from specdec.bench import interleaved
 
-    def run_rounds(variants, methods, args, rounds):
+    def run_rounds(variants, methods, args, rounds, target, draft):
         for install in variants.values():
             install()
         rows = []

@@ -22,11 +22,10 @@ RATIOS = ("tokens_per_second", "ttft_ms_p50", "itl_ms_p99")
 """The figures compared between the variants, each as the first variant's over the second's."""
 
 
-def run_rounds(variants: dict[str, Callable[[], None]], methods: list[str], args, rounds: int
-               ) -> list[dict[str, Any]]:
-    """Every method under every variant, ``rounds`` times; returns bench-serve's rows, each with its
-    ``variant`` and ``round``."""
-    target, draft = serving.pair_folders(args)
+def run_rounds(variants: dict[str, Callable[[], None]], methods: list[str], args, rounds: int, target: Path,
+               draft: Path) -> list[dict[str, Any]]:
+    """Every method under every variant, ``rounds`` times, on the pair ``target``, ``draft``; returns bench-serve's
+    rows, each with its ``variant`` and ``round``."""
     workloads, rows = None, []
     for r in range(1, rounds + 1):
         order = list(variants.items()) if r % 2 else list(variants.items())[::-1]
@@ -85,8 +84,8 @@ def main(cli: argparse.Namespace, rest: list[str], variants: dict[str, Callable[
     if cli.control:
         first = next(iter(variants.values()))
         variants = dict.fromkeys(variants, first)
-    rows = run_rounds(variants, cli.methods.split(","), args, cli.rounds)
+    target, draft = serving.pair_folders(args)
+    rows = run_rounds(variants, cli.methods.split(","), args, cli.rounds, target, draft)
     if cli.json:
-        target, _ = serving.pair_folders(args)
         Path(cli.json).write_text(json.dumps({**serving.record(args, target), "rows": rows}))
     print(report(rows, list(variants), cli.rounds))
