@@ -282,8 +282,9 @@ def run_method(method: str, args, workloads: dict[str, Any] | None, target: Path
         """Before a level: an empty prefix cache and a drafter that forgot earlier requests (every level sends
         prompts from the first, which the warm-up sent too; cached, a later level's prompts would cost next to
         nothing to feed, and suffix would draft their outputs from memory: at one and two streams on the embedded
-        pair it drafted 2.8-3.2x plain decoding, every draft accepted, where ``specdec bench`` measures it 1.7x),
-        and the counters the row is measured from."""
+        pair it ran 2.9x and 3.3x plain decoding, every draft accepted at two, against 1.1x and 0.85x on outputs
+        it had not seen: ``docs/lab-notes/2026-12-01-suffix-memory.md``), and the counters the row is measured
+        from."""
         llm.reset_prefix_cache()
         if llm.engine.drafter is not None:
             llm.engine.drafter.forget()
