@@ -190,6 +190,8 @@ BAD_VERIFY = [
     (["--temperature", "nan"], "--temperature must be a finite number above 0"),
     (["--temperature", "-1"], "--temperature must be a finite number above 0"),
     (["--num-prompts", "1", "--sampling-prompts", "5"], "--sampling-prompts 5 is more than --num-prompts 1"),
+    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization: verify runs two LLMs side by side"),
+    (["--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: must be a finite number > 0 and <= 1"),
 ]
 
 

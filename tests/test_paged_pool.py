@@ -12,7 +12,8 @@ from helpers import build_model
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecDecError
 from specdec.models.base import ForwardBatch
-from specdec.models.kv_pool import BLOCK_SIZE, KVPoolExhausted, parse_memory
+from specdec.models.kv_budget import parse_memory
+from specdec.models.kv_pool import BLOCK_SIZE, KVPoolExhausted
 
 PROMPTS = [[3, 5, 7, 3, 5, 7, 11, 3, 5], [42, 1, 17, 29, 8, 64, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
            [90, 91, 90, 91, 90], [33, 3, 33, 3, 33, 3, 60, 61], [55, 44, 33, 22, 11, 0, 12, 23]]

@@ -18,6 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from specdec.cli_checks import number
 from specdec.errors import SpecDecError
 from specdec.jsonl import json_object, read_jsonl
 
@@ -158,6 +159,16 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
                    help="batch-invariant kernels (fast backend, CPU): a request's tokens do not depend on the batch "
                    "and greedy speculation equals plain decoding bit for bit (see docs/determinism.md)")
     add_kv_flags(p, prefix_caching_default=True)
+    p.add_argument("--gpu-memory-utilization", type=number(float, 0, 1, above=True), default=None, metavar="FRACTION",
+                   help="instead of --kv-cache-memory, the share of the device's memory (on a CPU, the machine's) "
+                   "that the weights, the KV pools and a step take together, e.g. 0.9 (vLLM's flag); the pools get "
+                   "what the loaded weights and a step leave")
+
+
+def kv_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``LLM`` arguments of :func:`add_kv_flags`' flags and ``--gpu-memory-utilization``."""
+    return dict(kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+                gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def add_kv_flags(p: argparse.ArgumentParser, prefix_caching_default: bool) -> None:
@@ -230,15 +241,15 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
     if args.prompt is not None:
         raise SpecDecError("give either a PROMPT or --prompts-file, not both")
     prompts = []
-    for number, item in read_jsonl(args.prompts_file, "prompts file"):
+    for line, item in read_jsonl(args.prompts_file, "prompts file"):
         if "prompt_token_ids" in item and "prompt" in item:
-            raise SpecDecError(f"{args.prompts_file}:{number}: give 'prompt' or 'prompt_token_ids', not both")
+            raise SpecDecError(f"{args.prompts_file}:{line}: give 'prompt' or 'prompt_token_ids', not both")
         if "prompt_token_ids" in item:
             prompts.append({"prompt_token_ids": item["prompt_token_ids"]})
         elif isinstance(item.get("prompt"), str):
             prompts.append(item["prompt"])
         else:
-            raise SpecDecError(f"{args.prompts_file}:{number}: expected an object with 'prompt' or 'prompt_token_ids'")
+            raise SpecDecError(f"{args.prompts_file}:{line}: expected an object with 'prompt' or 'prompt_token_ids'")
     return prompts
 
 
@@ -360,8 +371,7 @@ def run(args: argparse.Namespace) -> int:
               backend=args.backend, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, enable_chunked_prefill=args.enable_chunked_prefill,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
-              deterministic=args.deterministic)
+              deterministic=args.deterministic, **kv_kwargs(args))
     llm.check_params(params)
     longest = max(len(llm.encode_prompt(p)[1]) for p in prompts)  # a bad prompt: the one line of an error, first
     print(f"[specdec] {backend_line(llm.target)}", file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics
-from specdec.models.kv_pool import kv_blocks
+from specdec.models.kv_budget import KVBudget
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
 from specdec.sampling import SamplingParams, check_text, is_seed
@@ -95,6 +95,10 @@ class LLM:
     ``kv_cache_memory``: bytes (or ``"4GiB"``) of the target's paged KV pool (default: room for
     ``max_num_seqs`` full sequences); a draft model's pool holds as many tokens. Sequences are admitted
     while blocks are free and the least advanced one is preempted (recomputed later) when they run out.
+    ``gpu_memory_utilization``: instead, the share of the device's memory (a GPU's; on a CPU, the machine's)
+    that the weights, the KV pools and a step's activations take together, as vLLM's; the pools get what the
+    loaded weights and an estimate of a step leave (:mod:`specdec.models.kv_budget`; ``kv_cache_description``
+    says how it was spent).
     ``enable_prefix_caching``: reuse the KV blocks of earlier prompts' and outputs' common prefixes
     (exact: outputs are the same with it or without it; see ``docs/serving.md``). ``deterministic``: the
     target computes every row with batch-invariant kernels (:mod:`specdec.models.deterministic`; fast
@@ -120,6 +124,7 @@ class LLM:
         enable_chunked_prefill: bool = True,
         max_num_batched_tokens: int | None = None,
         kv_cache_memory: int | str | None = None,
+        gpu_memory_utilization: float | None = None,
         enable_prefix_caching: bool = True,
         deterministic: bool = False,
         serving: bool = False,
@@ -136,6 +141,7 @@ class LLM:
                 raise SpecDecError(f"{name} must be True or False, got {flag!r}")
         if not is_seed(seed):
             raise SpecDecError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
+        KVBudget.check(kv_cache_memory, gpu_memory_utilization)  # before the weights load
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
@@ -153,24 +159,28 @@ class LLM:
         self.max_model_len = max_model_len or min(self.target.max_length, DEFAULT_MAX_MODEL_LEN)
         self.max_num_seqs = max_num_seqs
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, required=tokenizer is not None)
-        num_blocks = kv_blocks(self.target, kv_cache_memory, self.max_model_len)
+        k = speculative_config.max_k if speculative_config else 0
+        self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
+                                                                max_num_seqs, self.device)
+        budget = KVBudget(self.target, self.max_model_len, kv_cache_memory, gpu_memory_utilization,
+                          step_tokens=max(self.max_num_batched_tokens, max_num_seqs * (k + 1)),
+                          logit_rows=max_num_seqs * (k + 1))
         self.token_texts = TokenTexts(self.tokenizer)
         drafter = None
         if speculative_config is not None:
             options = LoadOptions(device=self.device, backend=backend, num_slots=max_num_seqs,
                                   max_model_len=self.max_model_len, target_tokenizer=self.tokenizer,
-                                  enforce_eager=enforce_eager, kv_blocks=num_blocks,
+                                  enforce_eager=enforce_eager, kv_budget=budget,
                                   prefix_caching=enable_prefix_caching)
             drafter = create_drafter(speculative_config, self.target, options)
-        k = speculative_config.max_k if speculative_config else 0
+        num_blocks = budget.blocks()
+        self.kv_cache_description = budget.description
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size,
                               speculative_config.max_step_time_ratio)
                   if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
                              enable_prefix_caching, deterministic)
-        self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
-                                                                max_num_seqs, self.device)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens, self.prefill_share)
         self._eos_ids = frozenset(self._eos_token_ids())
         self._seeds = random.Random(seed)

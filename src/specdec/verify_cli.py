@@ -86,6 +86,9 @@ def _check_flags(args: argparse.Namespace) -> None:
                            "fail; give a temperature above 0, or --sampling-prompts 0 to run the greedy check alone")
     if args.sampling_prompts and not 0 < args.temperature < math.inf:
         raise SpecDecError(f"--temperature must be a finite number above 0, got {args.temperature}")
+    if args.gpu_memory_utilization is not None:
+        raise SpecDecError("--gpu-memory-utilization: verify runs two LLMs side by side (plain decoding and the "
+                           "method), and the first would take the share; size each pool with --kv-cache-memory")
 
 
 def _prompts(args: argparse.Namespace, llm) -> list[list[int]]:

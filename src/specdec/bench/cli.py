@@ -273,7 +273,7 @@ def _check_flags(args: argparse.Namespace, seeds: list[int]) -> None:
         if value < 1:
             raise SpecDecError(f"{flag} must be at least 1, got {value}")
     if args.kv_cache_memory is not None:
-        from specdec.models.kv_pool import parse_memory
+        from specdec.models.kv_budget import parse_memory
 
         parse_memory(args.kv_cache_memory)
     lo, hi = args.prompt_lookup_min, args.prompt_lookup_max

@@ -25,6 +25,7 @@ from specdec.k_schedule import NAME as SCHEDULE
 from specdec.k_schedule import parse_schedule
 from specdec.metrics import BatchMetrics
 from specdec.models.base import CausalLM, KVCache, to_device
+from specdec.models.kv_budget import KVBudget
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -238,9 +239,9 @@ class DraftBatch:
 class LoadOptions:
     """What a drafter needs to build its state: the target's device and backend, the
     target's tokenizer (None when the target has none, used to check that they agree), the
-    engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens, in ``kv_blocks`` blocks,
-    None: enough for every slot to be full), whether pools cache prefixes (``prefix_caching``) and
-    whether CUDA graphs are off (``enforce_eager``)."""
+    engine's pool size (``num_slots`` sequences of ``max_model_len`` tokens, in the blocks ``kv_budget``
+    gives, :class:`~specdec.models.kv_budget.KVBudget`; None: enough for every slot to be full), whether
+    pools cache prefixes (``prefix_caching``) and whether CUDA graphs are off (``enforce_eager``)."""
 
     device: torch.device
     backend: str
@@ -248,7 +249,7 @@ class LoadOptions:
     max_model_len: int
     target_tokenizer: Any = None
     enforce_eager: bool = False
-    kv_blocks: int | None = None
+    kv_budget: KVBudget | None = None
     prefix_caching: bool = False
 
 

@@ -92,8 +92,9 @@ class DraftModelDrafter(DraftLM):
                 f"draft model {model.name!r} has a vocabulary of {model.vocab_size} tokens but the target "
                 f"{target.name!r} has {target.vocab_size}{why}; the draft and the target must share a vocabulary"
             )
+        blocks = None if options.kv_budget is None else options.kv_budget.blocks(model.kv_bytes_per_token() or 0)
         return cls(model, options.num_slots, options.max_model_len, config.draft_confidence_threshold,
-                   cls._vocab(config, model), options.kv_blocks, options.prefix_caching)
+                   cls._vocab(config, model), blocks, options.prefix_caching)
 
     @staticmethod
     def _vocab(config: SpeculativeConfig, model: CausalLM) -> DraftVocab | None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models.base import CausalLM, KVCache, to_device
+from specdec.models.base import KVCache, to_device
 from specdec.models.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
@@ -223,44 +223,3 @@ class PagedKVPool(KVCache):
         src, dst = index[: len(slots)], index[len(slots) :]
         for pool in (*self.keys, *self.values):
             pool[dst] = pool[src]  # the gather copies before the write
-
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
-
-
-def parse_memory(value: int | str) -> int:
-    """Bytes of a memory size: an int, or a string such as ``"4GiB"``, ``"512MiB"``, ``"2GB"``, ``"1e9"``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str):
-        text = value.strip().lower().replace(" ", "")
-        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-        unit = text[len(number):]
-        try:
-            size = float(number) * _UNITS[unit]
-        except (ValueError, KeyError):
-            size = 0
-        if size >= 1:
-            return int(size)
-    raise SpecDecError(f"kv_cache_memory must be a positive size such as 4GiB, 512MiB or a number of bytes, "
-                       f"got {value!r}")
-
-
-def kv_blocks(target: CausalLM, kv_cache_memory: int | str | None, max_model_len: int) -> int | None:
-    """Blocks of the target's pool that ``kv_cache_memory`` holds (None: the default sizing, every slot can be
-    full; also on a backend that does not page its pool, whose caches grow as they need). Raises
-    :class:`SpecDecError` when the budget cannot hold one sequence of ``max_model_len`` tokens."""
-    if kv_cache_memory is None:
-        return None
-    budget = parse_memory(kv_cache_memory)
-    per_token = target.kv_bytes_per_token()
-    if per_token is None:
-        return None
-    blocks = budget // (per_token * BLOCK_SIZE)
-    if blocks * BLOCK_SIZE < max_model_len:
-        raise SpecDecError(
-            f"kv_cache_memory {kv_cache_memory} holds {blocks * BLOCK_SIZE} tokens of {target.name!r} "
-            f"({per_token} bytes per token), fewer than one sequence of max_model_len {max_model_len}; raise it "
-            f"to at least {-(-max_model_len // BLOCK_SIZE) * BLOCK_SIZE * per_token} bytes or lower max_model_len")
-    return blocks

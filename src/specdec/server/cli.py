@@ -26,6 +26,7 @@ from specdec.generate_cli import (
     _speculative_config,
     add_model_flags,
     checked_config,
+    kv_kwargs,
     speculative_config_json,
 )
 
@@ -157,8 +158,8 @@ def run_serve(args: argparse.Namespace) -> int:
                       max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                       enable_chunked_prefill=args.enable_chunked_prefill,
                       max_num_batched_tokens=args.max_num_batched_tokens,
-                      kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
-                      deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share)
+                      deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share,
+                      **kv_kwargs(args))
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
@@ -202,6 +203,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"specdec serve: {name!r} (target {model}; {backend_line(llm.target)}; {what}; {llm.device}, "
           f"max_num_seqs {llm.max_num_seqs}, max_model_len {llm.max_model_len}; "
           f"auth {'on' if api_key else 'off'}) at {url}/v1", file=sys.stderr, flush=True)
+    if llm.kv_cache_description is not None:
+        print(f"specdec serve: {llm.kv_cache_description}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down: let that be a no-op, so a
     # graceful SIGTERM ends with status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
