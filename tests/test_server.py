@@ -399,3 +399,19 @@ def test_the_worker_returns_the_free_heap_when_it_falls_idle(spec_server, monkey
     spec_server.client().completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0)
     time.sleep(0.2)
     assert not calls
+
+
+def test_min_tokens_holds_the_stop_token_back(spec_server, offline):
+    """vLLM's ``min_tokens`` through the ``openai`` client's ``extra_body``: the first greedy token, made a stop
+    token, ends the output at once without it and not before the third token with ``min_tokens=3``."""
+    client = spec_server.client(KEY)
+    first = offline[PLAIN].generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=1))[0].outputs[0].token_ids
+    body = {"stop_token_ids": first}
+    plain = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=6, extra_body=body)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens == 1
+    held = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=6,
+                                     extra_body={**body, "min_tokens": 3})
+    expected = offline[PLAIN].generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, stop_token_ids=first,
+                                                                  min_tokens=3))[0].outputs[0]
+    assert held.usage.completion_tokens == len(expected.token_ids) >= 3
+    assert held.choices[0].text == expected.text

@@ -101,6 +101,10 @@ BAD = [
     (COMPLETIONS, {"prompt": [1] * 100_000}, "at most 4864 values", None),
     (COMPLETIONS, {"prompt": [1] * 10 + ["a"]}, "prompt must be", "prompt"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a"] * 3000 + [",,,,"] * 2000}, "values", None),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, "min_tokens must be an integer in 0..max_tokens",
+     "min_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 1, "guided_regex": "a+"},
+     "min_tokens cannot be combined with structured_outputs", "min_tokens"),
 ]
 
 
@@ -127,7 +131,7 @@ def test_neutral_values_of_fields_not_implemented_are_accepted(served, field, va
 
 OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n",
             "stream", "stream_options", "user", "metadata", "response_format", "structured_outputs", "guided_json",
-            "guided_regex", "guided_choice", "guided_grammar", "logprobs"]
+            "guided_regex", "guided_choice", "guided_grammar", "logprobs", "min_tokens"]
 
 
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),

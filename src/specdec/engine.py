@@ -35,6 +35,7 @@ from specdec.drafters.base import DraftBatch, Drafter
 from specdec.k_schedule import FixedK, ScheduledK
 from specdec.logprobs import TokenLogprobs, token_logprobs
 from specdec.metrics import BatchMetrics, RequestMetrics, StageClock
+from specdec.min_tokens import ban_early_stops, below_floor
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
@@ -215,8 +216,12 @@ class Engine:
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
         #    no drafts at all this is plain sampling from the target (what verification reduces to).
+        #    Rows below their min_tokens decide from logits without their stop tokens (:mod:`specdec.min_tokens`).
         verified = logits  # the logits each emitted token was decided by: [B, V], or [B, K+1, V] below
+        early = below_floor(seqs)
         if width == 0:  # logits are [B, V], one row per sequence
+            if early:
+                logits = ban_early_stops(logits, seqs)
             token = argmax(logits) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
@@ -224,6 +229,10 @@ class Engine:
             if constrained:
                 target_logits = apply_bitmask(target_logits, masks)
             verified = target_logits
+            if early:
+                tree_depth = (None if draft.parents is None
+                              else depths(ancestor_mask(draft.parents, to_device(draft.num_draft, device))))
+                target_logits = ban_early_stops(target_logits, seqs, tree_depth)
             if sampling.all_greedy and draft.parents is None:
                 # Greedy chains are matched on the host: the step's one host sync reads the target's
                 # argmax and the drafts, [B, 2K+1], and each row keeps its matching prefix.

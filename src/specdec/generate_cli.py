@@ -72,6 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=128, help="maximum new tokens (default 128)")
+    p.add_argument("--min-tokens", type=int, default=0,
+                   help="no end-of-sequence token or stop string before this many new tokens (default 0)")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
@@ -279,7 +281,8 @@ def warm_up(llm, prompt: Any, params, calls: int) -> None:
     timed request)."""
     from dataclasses import replace
 
-    short = replace(params, max_tokens=min(params.max_tokens, WARMUP_TOKENS), stop=None)
+    tokens = min(params.max_tokens, WARMUP_TOKENS)
+    short = replace(params, max_tokens=tokens, min_tokens=min(params.min_tokens, tokens), stop=None)
     for _ in range(calls):
         llm.generate([prompt], short)
     if llm.engine.drafter is not None:
@@ -359,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos, seed=args.seed,
+        min_tokens=args.min_tokens,
     )
     if args.warmup < 0:
         raise SpecDecError(f"--warmup must be at least 0, got {args.warmup}")

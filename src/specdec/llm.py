@@ -312,7 +312,8 @@ class LLM:
                 stop_ids=frozenset(stop_ids),
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
-            request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming))
+            request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
+                                                       min_tokens=params.min_tokens))
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)
             return request

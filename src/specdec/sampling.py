@@ -79,7 +79,9 @@ class SamplingParams:
     regex, choice or grammar), exact under speculation (docs/structured-output.md). ``logprobs``: None, or
     return the chosen token's log probability and those of the ``logprobs`` most likely tokens
     (0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20) at every output position (vLLM's meaning; the target's raw
-    distribution, see :mod:`specdec.logprobs`).
+    distribution, see :mod:`specdec.logprobs`). ``min_tokens``: the stop tokens (``stop_token_ids`` and, unless
+    ``ignore_eos``, end-of-sequence) cannot be generated, and stop strings do not end the output, before this many
+    output tokens (vLLM's meaning; exact under speculation, :mod:`specdec.min_tokens`).
     """
 
     temperature: float = 1.0
@@ -93,6 +95,7 @@ class SamplingParams:
     seed: int | None = None
     structured_outputs: StructuredOutputsParams | dict | None = None
     logprobs: int | None = None
+    min_tokens: int = 0
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +130,13 @@ class SamplingParams:
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise SpecDecError(f"logprobs must be None or an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SpecDecError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), "
+                               f"got {self.min_tokens!r}")
         if self.structured_outputs is not None:
+            if self.min_tokens:
+                raise SpecDecError("min_tokens cannot be combined with structured_outputs: the constraint decides "
+                                   "where the output may end")
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         object.__setattr__(self, "stop", stops or None)
         object.__setattr__(self, "stop_token_ids", ids)

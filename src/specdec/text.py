@@ -7,7 +7,8 @@ class TextTracker:
     """Follows one request's output tokens and turns them into text.
 
     ``add(token_ids)`` returns how many of the tokens to keep: fewer than given when a stop
-    string completes inside them (the text is then cut before the stop string). ``delta()``
+    string completes inside them (the text is then cut before the stop string), never within the first
+    ``min_tokens`` tokens (a stop string that completes there does not count, later either, as in vLLM). ``delta()``
     returns the text that is safe to stream: never a part of a possible stop string, nor an
     incomplete UTF-8 sequence.
 
@@ -19,9 +20,10 @@ class TextTracker:
     Without stop strings and without streaming, text is decoded once, by ``finish``.
     """
 
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool) -> None:
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
+        self.min_tokens = min_tokens
         self.streaming = streaming
         self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self.token_ids: list[int] = []
@@ -46,6 +48,8 @@ class TextTracker:
             searched_from = max(0, _decoded_len(self.text) - self.hold_back)
             self.token_ids.append(token)
             self.text = self._decode()
+            if len(self.token_ids) <= self.min_tokens:
+                continue
             cut = min((i for s in self.stop_strings if (i := self.text.find(s, searched_from)) >= 0), default=-1)
             if cut >= 0:
                 self.text = self.text[:cut]

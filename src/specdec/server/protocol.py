@@ -48,7 +48,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "store": (False,), "service_tier": ("auto", "default"),
-    "modalities": (["text"],), "min_tokens": (0,), "skip_special_tokens": (True,),
+    "modalities": (["text"],), "skip_special_tokens": (True,),
     "include_stop_str_in_output": (False,),
 }
 """OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
@@ -170,6 +170,7 @@ class SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -210,7 +211,7 @@ class SamplingFields(_Strict):
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
                               ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint(),
-                              logprobs=self.num_logprobs())
+                              logprobs=self.num_logprobs(), min_tokens=self.min_tokens)
 
     def num_logprobs(self) -> int | None:
         """How many top tokens to report per position (None: no logprobs)."""
