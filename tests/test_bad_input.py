@@ -65,6 +65,34 @@ def test_prompt_longer_than_context(llm):
         llm.generate({"prompt_token_ids": [1] * 500})
 
 
+def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
+    """Code written for vLLM passes fields specdec does not implement: their neutral values change nothing, any
+    other value, an unknown name or too many positional arguments is a SpecDecError naming it (not the
+    dataclass's bare TypeError)."""
+    neutral = SamplingParams(n=1, best_of=None, presence_penalty=0.0, frequency_penalty=0, repetition_penalty=1.0,
+                             skip_special_tokens=True, logit_bias={}, temperature=0.5)
+    assert neutral == SamplingParams(temperature=0.5)
+    for kwargs, words in [({"n": 2}, "n is not supported by specdec: only 1 is accepted, got 2 (one output per"),
+                          ({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),
+                          ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
+                          ({"logit_bias": {1: 2.0}}, "logit_bias is not supported"),
+                          ({"temprature": 1.0}, "SamplingParams has no field 'temprature'; did you mean 'temperature'"),
+                          ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p")]:
+        with pytest.raises(SpecDecError, match=re.escape(words)):
+            SamplingParams(**kwargs)
+    with pytest.raises(SpecDecError, match="takes at most 12 positional arguments"):
+        SamplingParams(*range(13))
+
+
+def test_generate_takes_vllms_use_tqdm_and_refuses_a_lora_request(llm, capsys):
+    outputs = llm.generate([{"prompt_token_ids": [1, 2]}] * 3, SamplingParams(max_tokens=2), use_tqdm=True)
+    assert len(outputs) == 3 and "Processed prompts: 100%" in capsys.readouterr().err
+    with pytest.raises(SpecDecError, match="lora_request is not supported by specdec"):
+        llm.generate({"prompt_token_ids": [1, 2]}, lora_request=object())
+    with pytest.raises(SpecDecError, match="use_tqdm must be True or False"):
+        llm.generate({"prompt_token_ids": [1, 2]}, use_tqdm="yes")
+
+
 def test_sampling_params_count_mismatch(llm):
     with pytest.raises(SpecDecError, match="got 2 sampling_params for 1 prompts"):
         llm.generate([{"prompt_token_ids": [1, 2]}], [SamplingParams(), SamplingParams()])

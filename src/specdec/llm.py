@@ -444,9 +444,17 @@ class LLM:
         self,
         prompts: Prompt | Sequence_[Prompt],
         sampling_params: SamplingParams | Sequence_[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        lora_request: None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt, batched (``max_num_seqs`` at a time, the rest queued);
-        outputs in prompt order. ``sampling_params`` is one for all or one per prompt."""
+        outputs in prompt order. ``sampling_params`` is one for all or one per prompt. ``use_tqdm``: show a
+        progress bar of the prompts done on stderr (vLLM's argument; off by default here). ``lora_request``
+        (vLLM's): only None, specdec serves no LoRA adapters."""
+        if not isinstance(use_tqdm, bool):
+            raise SpecDecError(f"use_tqdm must be True or False, got {use_tqdm!r}")
+        if lora_request is not None:
+            raise SpecDecError("lora_request is not supported by specdec: it serves no LoRA adapters (only None)")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if prompts is None or isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
@@ -468,12 +476,15 @@ class LLM:
         requests = [self._submit(text, ids, params, streaming=False)
                     for (text, ids), params in zip(encoded, params_list)]
         results = []
+        bar = _progress(len(requests)) if use_tqdm else None
         try:
             for request in requests:
                 token_ids: list[int] = []
                 logprobs: list[TokenLogprobDict] | None = None if request.seq.params.logprobs is None else []
                 while True:
                     out = self._next(request)
+                    if bar is not None:
+                        bar.update(sum(r.seq.finished for r in requests) - bar.n)
                     token_ids.extend(out.token_ids)
                     if logprobs is not None:
                         logprobs.extend(out.logprobs or ())
@@ -486,7 +497,16 @@ class LLM:
                 results.append(RequestOutput(seq.request_id, request.prompt, seq.prompt_ids, [completion], True,
                                              seq.metrics))
         finally:
+            if bar is not None:
+                bar.close()
             for request in requests:
                 if not request.done:
                     self.abort(request.seq.request_id)
         return results
+
+
+def _progress(total: int):
+    """A tqdm bar of ``total`` prompts on stderr (vLLM's "Processed prompts")."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)

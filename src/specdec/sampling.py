@@ -7,8 +7,9 @@ decoding samples from, with temperature, top-k, top-p and min-p applied identica
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -63,8 +64,44 @@ def check_text(text: str, what: str) -> None:
         ) from None
 
 
+VLLM_NEUTRAL = {
+    "n": (1,), "best_of": (None, 1), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "include_stop_str_in_output": (False,), "logits_processors": (None, []),
+    "bad_words": (None, []), "logit_bias": (None, {}), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
+    "extra_args": (None,),
+}
+"""vLLM's ``SamplingParams`` fields that specdec does not implement, with the values that change nothing: given
+so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
+
+
+class _VLLMNames(type):
+    """Constructs :class:`SamplingParams` with vLLM's neutral fields dropped, and any other unknown keyword a
+    :class:`SpecDecError` that names it (where a dataclass raises a bare ``TypeError``)."""
+
+    def __call__(cls, *args, **kwargs):
+        own = [f.name for f in fields(cls) if f.init]
+        if len(args) > len(own):
+            raise SpecDecError(f"SamplingParams takes at most {len(own)} positional arguments ({', '.join(own)}), "
+                               f"got {len(args)}")
+        for name in [name for name in kwargs if name not in own]:
+            value = kwargs.pop(name)
+            if name in VLLM_NEUTRAL:
+                if any(value is v or (type(value) is type(v) and value == v) for v in VLLM_NEUTRAL[name]):
+                    continue
+                neutral = " or ".join(repr(v) for v in VLLM_NEUTRAL[name])
+                why = (" (one output per prompt: pass the prompt again with another seed; the server takes n)"
+                       if name == "n" else "")
+                raise SpecDecError(f"{name} is not supported by specdec: only {neutral} is accepted, got "
+                                   f"{value!r}{why}")
+            close = difflib.get_close_matches(name, own, n=1)
+            raise SpecDecError(f"SamplingParams has no field {name!r}"
+                               + (f"; did you mean {close[0]!r}?" if close else f" (its fields: {', '.join(own)})"))
+        return super().__call__(*args, **kwargs)
+
+
 @dataclass(frozen=True)
-class SamplingParams:
+class SamplingParams(metaclass=_VLLMNames):
     """How one request samples and when it stops (vLLM's names and defaults). Immutable: every
     field is validated once, at construction (``dataclasses.replace`` builds a new, validated one).
 
