@@ -342,6 +342,12 @@ def test_aux_layer_ids_follow_vllm_and_sglang(tmp_path):
         aux_layer_ids({}, 4, tmp_path)
     with pytest.raises(SpecDecError, match="must be a list of three layer ids"):
         aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [1, 2]}, 32, tmp_path)
+    both = {**sglang, "eagle_aux_hidden_state_layer_ids": [2, 16, 29]}  # the same layers for both servers
+    assert aux_layer_ids(both, 32, tmp_path) == [2, 16, 29]
+    with pytest.raises(SpecDecError, match=r"names its target layers twice, differently: eagle_config\.eagle_aux_"
+                                           r"hidden_state_layer_ids \[1, 15, 28\] .* hidden states \[2, 16, 29\]\) "
+                                           r"and eagle_aux_hidden_state_layer_ids \[1, 15, 28\]"):
+        aux_layer_ids({**sglang, "eagle_aux_hidden_state_layer_ids": [1, 15, 28]}, 32, tmp_path)
 
 
 def _edit(folder, drop=None, reshape=None, extra=None, **config):

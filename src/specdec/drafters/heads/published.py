@@ -105,7 +105,8 @@ def aux_layer_ids(config: dict[str, Any], num_layers: int, folder: Path) -> list
     """EAGLE-3's target layers as indices into transformers' ``hidden_states`` (``i``: the input of decoder
     layer ``i``), in layer order. vLLM reads a top-level ``eagle_aux_hidden_state_layer_ids`` in that
     convention; SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` as layer outputs (index + 1);
-    both default to ``(2, L // 2, L - 3)`` for a target of ``L`` layers."""
+    both default to ``(2, L // 2, L - 3)`` for a target of ``L`` layers. A config with both fields naming
+    different layers is refused: the two servers would run the head on different features."""
     nested = config.get("eagle_config") or {}
     if not isinstance(nested, dict):
         raise SpecDecError(f"{str(folder / CONFIG_FILE)!r}: 'eagle_config' must be an object")
@@ -119,6 +120,13 @@ def aux_layer_ids(config: dict[str, Any], num_layers: int, folder: Path) -> list
     if not isinstance(ids, list) or len(ids) != 3 or any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
         raise SpecDecError(f"{str(folder)!r}: {where} must be a list of three layer ids, got {ids!r}")
     resolved = sorted(i + offset for i in ids)
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    if offset == 1 and top and (not isinstance(top, list) or sorted(top) != resolved):
+        raise SpecDecError(
+            f"the EAGLE-3 head in {str(folder)!r} names its target layers twice, differently: "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids {ids} (SGLang's convention, layer outputs: hidden "
+            f"states {resolved}) and eagle_aux_hidden_state_layer_ids {top!r} (vLLM's, layer inputs); vLLM and "
+            f"SGLang would run it on different layers. Keep the field of the layers it was trained on")
     if any(not 0 <= i < num_layers for i in resolved) or len(set(resolved)) != 3:
         raise SpecDecError(f"the EAGLE-3 head in {str(folder)!r} reads target layers {ids} ({where}), which are not "
                            f"three distinct layers of a target with {num_layers} layers (name three in "
