@@ -77,8 +77,8 @@ def _methods_table() -> list[str]:
 def _flags_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
-            continue
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue  # a hidden flag is one the command refuses
         names = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
         default = action.default
         shown = "" if default in (None, False, argparse.SUPPRESS) or default == [] else f"`{default!r}`"

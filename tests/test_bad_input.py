@@ -70,7 +70,8 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
     other value, an unknown name or too many positional arguments is a SpecDecError naming it (not the
     dataclass's bare TypeError)."""
     neutral = SamplingParams(n=1, best_of=None, presence_penalty=0.0, frequency_penalty=0, repetition_penalty=1.0,
-                             skip_special_tokens=True, logit_bias={}, temperature=0.5)
+                             skip_special_tokens=True, logit_bias={}, logits_processors=(), extra_args={},
+                             temperature=0.5)
     assert neutral == SamplingParams(temperature=0.5)
     for kwargs, words in [({"n": 2}, "n is not supported by specdec: only 1 is accepted, got 2 (one output per"),
                           ({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),

@@ -12,7 +12,7 @@ from helpers import build_model
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecDecError
 from specdec.models import kv_budget
-from specdec.models.kv_budget import KVBudget, device_memory, step_reserve
+from specdec.models.kv_budget import KVBudget, device_memory, feature_bytes_per_token, step_reserve
 from specdec.models.kv_pool import BLOCK_SIZE
 
 GIB = 1 << 30
@@ -70,6 +70,34 @@ def draft_pool_bytes_per_token(llm: LLM) -> int:
     return llm.engine.drafter.model.kv_bytes_per_token()
 
 
+def test_the_features_kept_with_the_blocks_are_in_the_share(target, tmp_path, pinned):
+    """With prefix caching, an EAGLE head's target hidden states are kept beside the target's blocks: the share
+    covers them (one layer's states a token here), so the pool gets fewer blocks than without them."""
+    from test_heads import make_heads
+
+    pinned.update(total=64 << 20, in_use=8 << 20)
+    make_heads(target, "eagle", tmp_path / "eagle", seed=4)
+    spec = {"method": "eagle", "model": str(tmp_path / "eagle"), "num_speculative_tokens": 2}
+    llm = _llm(target, gpu_memory_utilization=0.5, speculative_config=spec)
+    states = feature_bytes_per_token(llm.target, len(llm.engine.hidden_layers))
+    assert states == len(llm.engine.hidden_layers) * target.config.hidden_size * 8 > 0
+    assert llm.engine.cache.num_blocks == _expected_blocks(llm, 0.5, 64 << 20, 8 << 20, states)
+    assert llm.engine.cache.num_blocks < _expected_blocks(llm, 0.5, 64 << 20, 8 << 20)
+    llm.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=4))
+    rows = llm.engine.features.rows
+    assert rows.shape[0] == llm.engine.cache.num_blocks * BLOCK_SIZE
+    assert rows[0].numel() * rows.element_size() == states
+
+
+def test_a_share_past_the_free_memory_says_to_lower_it(target, pinned, monkeypatch):
+    pinned.update(total=64 << 20, in_use=8 << 20)
+    monkeypatch.setattr(kv_budget, "available_memory", lambda device: 4 << 20)  # others hold the rest
+    with pytest.raises(SpecDecError, match=r"the KV cache would take 0\.0\d GiB, but 0\.00 GiB of cpu memory is free "
+                                           r"\(other processes hold the rest\) and a pool may take 90% of it; lower "
+                                           r"gpu_memory_utilization to at most 0\.1\d$"):
+        _llm(target, gpu_memory_utilization=0.5)
+
+
 def test_outputs_equal_the_default_pools(target, model_dirs, pinned):
     """A pool sized by the share (a small one: sequences are preempted) gives the default pool's tokens."""
     spec = {"method": "draft_model", "model": str(model_dirs["llama"]["truncated"]), "num_speculative_tokens": 3}
@@ -117,7 +145,7 @@ def test_the_budget_is_fixed_by_its_first_call(target, pinned):
     llm = _llm(target)
     budget = KVBudget(llm.target, 128, gpu_memory_utilization=0.5)
     pinned.update(total=64 << 20)
-    first = budget.blocks(draft_bytes_per_token=100)
+    first = budget.blocks(extra_bytes_per_token=100)
     pinned.update(total=1 << 40)
     assert budget.blocks() == first
 

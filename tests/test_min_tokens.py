@@ -210,3 +210,7 @@ def test_a_stop_string_in_the_first_min_tokens_does_not_stop():
     assert late.add(tokens) == 6 and late.text == "abcd"
     across = TextTracker(Letters(), ("bc",), streaming=False, min_tokens=2)  # "bc" ends at token 3
     assert across.add(tokens) == 3 and across.text == "a"
+    # A longer stop string holds back more text: the search window after the floor still starts past it for "ab".
+    wide = TextTracker(Letters(), ("ab", "zzzzzz"), streaming=False, min_tokens=3)
+    assert wide.add(tokens[:4]) == 4 and wide.add(tokens[4:]) == 2 and wide.text == "abcd"
+    assert TextTracker(Letters(), ("ab", "zzzzzz"), streaming=False, min_tokens=3).add([0, 1, 2, 3, 4]) == 5

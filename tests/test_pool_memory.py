@@ -38,7 +38,8 @@ def test_explicit_length_above_the_default():
 def test_pool_that_does_not_fit_is_refused(monkeypatch):
     monkeypatch.setattr(base, "available_memory", lambda device: 1 << 20)
     with pytest.raises(SpecDecError, match=r"needs 0\.02 GiB \(16 slots x 8192 tokens\) but 0\.00 GiB of cpu memory "
-                                           r"is available; lower max_model_len .* or max_num_seqs"):
+                                           r"is available, of which a pool may take 90%; lower max_model_len .* "
+                                           r"or max_num_seqs"):
         LLM(long_context_llama(), dtype="float32", backend="fast", max_num_seqs=16)
 
 

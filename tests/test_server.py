@@ -18,7 +18,7 @@ from helpers import truncated_copy
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, SpecDecError
 from specdec.server import create_app
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
@@ -415,3 +415,26 @@ def test_min_tokens_holds_the_stop_token_back(spec_server, offline):
                                                                   min_tokens=3))[0].outputs[0]
     assert held.usage.completion_tokens == len(expected.token_ids) >= 3
     assert held.choices[0].text == expected.text
+
+
+def test_llm_chat_equals_the_servers_chat(spec_server, offline):
+    """vLLM's ``LLM.chat`` renders a conversation as the server's chat endpoint does: the same greedy answer;
+    a list of conversations gives one output each, and bad messages or a missing template are SpecDecErrors."""
+    conversation = [{"role": "system", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "def f(x):"}]}]
+    served = spec_server.client(KEY).chat.completions.create(model="tiny", messages=conversation, temperature=0,
+                                                             max_tokens=12)
+    llm = offline[SPEC]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    out = llm.chat(conversation, params, chat_template=TEMPLATE)[0]
+    assert out.outputs[0].text == served.choices[0].message.content
+    assert out.prompt == "<system> be brief\n<user> def f(x):\n<assistant> "
+    assert out.prompt_token_ids == llm.get_tokenizer()(out.prompt, add_special_tokens=False)["input_ids"]
+    both = llm.chat([conversation, [{"role": "user", "content": "x = 1"}]], params, chat_template=TEMPLATE)
+    assert [o.outputs[0].text for o in both][0] == out.outputs[0].text and len(both) == 2
+    with pytest.raises(SpecDecError, match=r"messages\[1\] must be a dict with a 'role'"):
+        llm.chat([conversation[0], {"role": "robot", "content": "x"}], chat_template=TEMPLATE)
+    with pytest.raises(SpecDecError, match="has no chat template: pass chat_template"):
+        llm.chat(conversation)
+    with pytest.raises(SpecDecError, match="the chat template could not render these messages: nope"):
+        llm.chat(conversation, chat_template="{{ raise_exception('nope') }}")

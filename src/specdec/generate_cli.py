@@ -108,10 +108,11 @@ class Given(argparse.Action):
         namespace.given = getattr(namespace, "given", ()) + (option_string,)
 
 
-def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> None:
+def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto", memory_share: bool = True) -> None:
     """The flags that build an ``LLM``: models, speculative method and its settings, dtype, device,
-    backend and pool size (``specdec generate``, ``specdec verify`` and ``specdec serve``). The flag names
-    are vLLM's; ``--draft-model``, ``--draft-dtype`` and ``--k`` are the same flags under the short names
+    backend and pool size (``specdec generate``, ``specdec verify`` and ``specdec serve``; without
+    ``memory_share``, ``--gpu-memory-utilization`` is hidden from the help: the command refuses it). The flag
+    names are vLLM's; ``--draft-model``, ``--draft-dtype`` and ``--k`` are the same flags under the short names
     ``specdec bench`` also takes."""
     p.add_argument("--model", help="target model folder or hub id (default: the embedded default target)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model's folder)")
@@ -162,7 +163,8 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto") -> 
                    "and greedy speculation equals plain decoding bit for bit (see docs/determinism.md)")
     add_kv_flags(p, prefix_caching_default=True)
     p.add_argument("--gpu-memory-utilization", type=number(float, 0, 1, above=True), default=None, metavar="FRACTION",
-                   help="instead of --kv-cache-memory, the share of the device's memory (on a CPU, the machine's) "
+                   help=argparse.SUPPRESS if not memory_share else "instead of --kv-cache-memory, the share of the "
+                   "device's memory (on a CPU, the machine's) "
                    "that the weights, the KV pools and a step take together, e.g. 0.9 (vLLM's flag); the pools get "
                    "what the loaded weights and a step leave")
 

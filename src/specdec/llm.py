@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from specdec.adaptive import make_policy
+from specdec.chat import chat_prompt, conversation_of, has_template, render
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.errors import SpecDecError
 from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics
-from specdec.models.kv_budget import KVBudget
+from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
 from specdec.sampling import SamplingParams, check_text, is_seed
@@ -173,7 +174,9 @@ class LLM:
                                   enforce_eager=enforce_eager, kv_budget=budget,
                                   prefix_caching=enable_prefix_caching)
             drafter = create_drafter(speculative_config, self.target, options)
-        num_blocks = budget.blocks()
+        # With prefix caching, the target's hidden states a drafter reads are kept beside the blocks.
+        features = len(drafter.hidden_layers) if drafter is not None and enable_prefix_caching else 0
+        num_blocks = budget.blocks(feature_bytes_per_token(self.target, features))
         self.kv_cache_description = budget.description
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size,
@@ -193,6 +196,10 @@ class LLM:
     @property
     def model_name(self) -> str:
         return self.target.name
+
+    def get_tokenizer(self):
+        """The target's tokenizer (None for a model without one), as vLLM's ``LLM.get_tokenizer``."""
+        return self.tokenizer
 
     @property
     def batch_metrics(self) -> BatchMetrics:
@@ -503,6 +510,32 @@ class LLM:
                 if not request.done:
                     self.abort(request.seq.request_id)
         return results
+
+
+    def chat(
+        self,
+        messages: Sequence_[dict[str, Any]] | Sequence_[Sequence_[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence_[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        lora_request: None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: :meth:`generate` for one conversation (a list of ``{"role", "content"}``
+        messages) or a list of them, each rendered by ``chat_template`` (None: the tokenizer's own) with the
+        assistant's turn opened (``add_generation_prompt``); see :mod:`specdec.chat`."""
+        if not isinstance(chat_template, (str, type(None))) or not isinstance(add_generation_prompt, bool):
+            raise SpecDecError("chat_template must be a string or None and add_generation_prompt True or False")
+        if not has_template(self.tokenizer, chat_template):
+            raise SpecDecError(f"model {self.model_name!r} has no chat template: pass chat_template (a Jinja "
+                               "template string)" if self.tokenizer is not None else
+                               f"model {self.model_name!r} has no tokenizer to render a chat")
+        many = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
+        conversations = [conversation_of(c, f"messages[{i}]") for i, c in enumerate(messages)] if many else [
+            conversation_of(messages)]
+        prompts = [chat_prompt(self.tokenizer, render(self.tokenizer, c, chat_template, add_generation_prompt))
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 
 def _progress(total: int):

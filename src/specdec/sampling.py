@@ -69,7 +69,7 @@ VLLM_NEUTRAL = {
     "repetition_penalty": (1, 1.0), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "include_stop_str_in_output": (False,), "logits_processors": (None, []),
     "bad_words": (None, []), "logit_bias": (None, {}), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
-    "extra_args": (None,),
+    "extra_args": (None, {}),
 }
 """vLLM's ``SamplingParams`` fields that specdec does not implement, with the values that change nothing: given
 so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
@@ -87,7 +87,9 @@ class _VLLMNames(type):
         for name in [name for name in kwargs if name not in own]:
             value = kwargs.pop(name)
             if name in VLLM_NEUTRAL:
-                if any(value is v or (type(value) is type(v) and value == v) for v in VLLM_NEUTRAL[name]):
+                if any(value is v or (type(value) is type(v) and value == v) or (
+                        isinstance(v, (list, dict)) and isinstance(value, (list, tuple, dict)) and not value)
+                       for v in VLLM_NEUTRAL[name]):
                     continue
                 neutral = " or ".join(repr(v) for v in VLLM_NEUTRAL[name])
                 why = (" (one output per prompt: pass the prompt again with another seed; the server takes n)"

@@ -24,6 +24,7 @@ class TextTracker:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
         self.min_tokens = min_tokens
+        self._floor = 0  # decoded characters of the first min_tokens tokens: a stop string must end past them
         self.streaming = streaming
         self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self.token_ids: list[int] = []
@@ -49,8 +50,10 @@ class TextTracker:
             self.token_ids.append(token)
             self.text = self._decode()
             if len(self.token_ids) <= self.min_tokens:
+                self._floor = _decoded_len(self.text)
                 continue
-            cut = min((i for s in self.stop_strings if (i := self.text.find(s, searched_from)) >= 0), default=-1)
+            cut = min((i for s in self.stop_strings
+                       if (i := self.text.find(s, max(searched_from, self._floor - len(s) + 1))) >= 0), default=-1)
             if cut >= 0:
                 self.text = self.text[:cut]
                 self.stopped = True

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "embedded default pair. The dtype defaults to the one specdec generate runs (auto), so the check covers "
         "what users run; --dtype float64 on a small model removes rounding ties altogether.",
     )
-    add_model_flags(p)
+    add_model_flags(p, memory_share=False)
     p.add_argument("--prompts-file", type=Path, help="JSONL with 'prompt' or 'prompt_token_ids' (default: built in)")
     p.add_argument("--num-prompts", type=int, default=8, help="greedy prompts (default 8)")
     p.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")

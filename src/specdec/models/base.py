@@ -181,7 +181,8 @@ def check_pool_fits(num_bytes: int, num_slots: int, capacity: int, device: torch
         size = f"{num_slots} slots x {capacity} tokens" if tokens is None else f"{tokens} tokens"
         raise SpecDecError(
             f"the KV cache of {owner!r} needs {num_bytes / GIB:.2f} GiB ({size}) but "
-            f"{available / GIB:.2f} GiB of {device.type} memory is available; lower max_model_len (tokens per "
+            f"{available / GIB:.2f} GiB of {device.type} memory is available, of which a pool may take "
+            f"{POOL_MEMORY_FRACTION:.0%}; lower max_model_len (tokens per "
             f"sequence) or max_num_seqs (sequences at once), e.g. --max-model-len / --max-num-seqs, or set "
             f"--kv-cache-memory"
         )

@@ -3,8 +3,10 @@ memory (``gpu_memory_utilization``, vLLM's name and meaning; on a CPU, a share o
 
 Terms:
 
-- *the pools*: the target's paged pool and a draft model's, which holds as many tokens (slot for slot the
-  target's, :class:`~specdec.drafters.draft_lm.DraftLM`); both take the same number of blocks.
+- *the pools*: the target's paged pool and what else is sized by its blocks: a draft model's pool, which holds
+  as many tokens (slot for slot the target's, :class:`~specdec.drafters.draft_lm.DraftLM`), and with prefix
+  caching the target's hidden states kept beside its blocks for a drafter that reads them
+  (:class:`~specdec.models.prefix_cache.BlockFeatures`, :func:`feature_bytes_per_token`).
 - *bytes per token*: one token's keys and values in a pool, every layer
   (:meth:`~specdec.models.base.CausalLM.kv_bytes_per_token`).
 - *in use*: what this process holds now, the models' weights among it: memory reserved by torch's CUDA
@@ -27,7 +29,7 @@ import os
 import torch
 
 from specdec.errors import SpecDecError
-from specdec.models.base import GIB, CausalLM
+from specdec.models.base import GIB, POOL_MEMORY_FRACTION, CausalLM, available_memory
 from specdec.models.kv_pool import BLOCK_SIZE
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
@@ -78,13 +80,22 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return total, resident
 
 
+def _text_config(target: CausalLM):
+    config = getattr(target, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def feature_bytes_per_token(target: CausalLM, layers: int) -> int:
+    """Bytes one token's hidden states of ``layers`` target layers take, in the target's dtype."""
+    return layers * (getattr(_text_config(target), "hidden_size", 0) or 0) * target.dtype.itemsize
+
+
 def step_reserve(target: CausalLM, step_tokens: int, logit_rows: int) -> int:
     """Bytes a step's transient tensors may take (an estimate, see the module's docstring): ``step_tokens``
     tokens' activations through one layer (the residual, its norm, the attention's inputs and output: four
     widths of ``hidden_size``; the MLP's gate, up and product: three of ``intermediate_size``) in the model's
     dtype, and ``logit_rows`` rows of float32 logits, probabilities and sampling scratch."""
-    config = getattr(target, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = _text_config(target)
     hidden = getattr(text, "hidden_size", 0) or 0
     intermediate = getattr(text, "intermediate_size", None) or 4 * hidden
     activations = step_tokens * (4 * hidden + 3 * intermediate) * target.dtype.itemsize
@@ -119,14 +130,15 @@ class KVBudget:
         return (None if kv_cache_memory is None else parse_memory(kv_cache_memory),
                 None if gpu_memory_utilization is None else check_utilization(gpu_memory_utilization))
 
-    def blocks(self, draft_bytes_per_token: int = 0) -> int | None:
-        """Blocks each pool gets (None: the default sizing). The first call fixes them; a drafter building a
-        pool beside the target's passes its bytes per token, which the share then covers too."""
+    def blocks(self, extra_bytes_per_token: int = 0) -> int | None:
+        """Blocks each pool gets (None: the default sizing). The first call fixes them: a drafter building a
+        pool beside the target's passes its bytes per token, the engine's call those of the features kept with
+        the blocks (:func:`feature_bytes_per_token`), which the share then covers too."""
         if self.per_token is None or (self.memory is None and self.utilization is None):
             return None
         if self._blocks is None:
             self._blocks = (self._of_size() if self.memory is not None
-                            else self._of_share(draft_bytes_per_token))
+                            else self._of_share(extra_bytes_per_token))
         return self._blocks
 
     def _of_size(self) -> int:
@@ -139,11 +151,11 @@ class KVBudget:
                 f"max_model_len")
         return blocks
 
-    def _of_share(self, draft_bytes_per_token: int) -> int:
+    def _of_share(self, extra_bytes_per_token: int) -> int:
         total, in_use = device_memory(self.target.device)
         reserve = step_reserve(self.target, self.step_tokens, self.logit_rows)
         # Attention gathers one layer's keys and values of the tokens it reads: a layer's share of the pool.
-        per_token = self.per_token * (1 + 1 / max(self.target.num_layers, 1)) + draft_bytes_per_token
+        per_token = self.per_token * (1 + 1 / max(self.target.num_layers, 1)) + extra_bytes_per_token
         share = self.utilization * total
         budget = share - in_use - reserve
         blocks = max(0, math.floor(budget / (per_token * BLOCK_SIZE)))
@@ -155,9 +167,16 @@ class KVBudget:
                 f"{spent}: {max(budget, 0) / GIB:.2f} GiB for the KV cache, room for {blocks * BLOCK_SIZE} tokens, "
                 f"fewer than one sequence of max_model_len {self.max_model_len}; raise gpu_memory_utilization or "
                 f"lower max_model_len, max_num_seqs or max_num_batched_tokens")
+        pools = blocks * BLOCK_SIZE * (self.per_token + extra_bytes_per_token)
+        available = available_memory(self.target.device)
+        if pools > POOL_MEMORY_FRACTION * available:
+            fits = math.floor((in_use + reserve + POOL_MEMORY_FRACTION * available) / total * 100) / 100
+            raise SpecDecError(
+                f"{spent}: the KV cache would take {pools / GIB:.2f} GiB, but {available / GIB:.2f} GiB of "
+                f"{self.target.device.type} memory is free (other processes hold the rest) and a pool may take "
+                f"{POOL_MEMORY_FRACTION:.0%} of it; lower gpu_memory_utilization to at most {fits:g}")
         self.description = (f"{spent}: the KV cache holds {blocks * BLOCK_SIZE} tokens ({blocks} blocks of "
-                            f"{BLOCK_SIZE}, {blocks * BLOCK_SIZE * (self.per_token + draft_bytes_per_token) / GIB:.2f}"
-                            f" GiB)")
+                            f"{BLOCK_SIZE}, {pools / GIB:.2f} GiB)")
         return blocks
 
     def _sequence_blocks(self) -> int:

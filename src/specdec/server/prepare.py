@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.chat import chat_prompt, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.server.protocol import APIError, ChatRequest, CompletionRequest, SamplingFields, parse
@@ -152,9 +153,7 @@ class Preparer:
         self._check_count(1, req.n)
         conversation = req.conversation()
         self._check_bytes(sum(len(m["content"].encode("utf-8")) for m in conversation), "messages")
-        text = self._render(conversation)
-        ids = self.llm.tokenizer(text, add_special_tokens=False)["input_ids"]
-        prompt = self._encoded({"prompt": text, "prompt_token_ids": ids}, "messages")
+        prompt = self._encoded(chat_prompt(self.llm.tokenizer, self._render(conversation)), "messages")
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
         elif req.max_tokens is not None:
@@ -206,12 +205,9 @@ class Preparer:
                            param=param)
 
     def _render(self, conversation: list[dict[str, str]]) -> str:
-        tokenizer = self.llm.tokenizer
-        if tokenizer is None or (self.chat_template is None and not getattr(tokenizer, "chat_template", None)):
+        if not has_template(self.llm.tokenizer, self.chat_template):
             raise APIError(400, NO_TEMPLATE.format(name=self.served_model_name), param="messages")
         try:
-            return tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
-                                                 add_generation_prompt=True)
-        except Exception as exc:  # a template's own raise_exception(), or a template bug
-            raise APIError(400, f"the chat template could not render these messages: {exc}",
-                           param="messages") from None
+            return render(self.llm.tokenizer, conversation, self.chat_template)
+        except SpecDecError as exc:  # a template's own raise_exception(), or a template bug
+            raise APIError(400, str(exc), param="messages") from None
