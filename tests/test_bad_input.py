@@ -19,7 +19,7 @@ from specdec.cli import main
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"min_p": -0.1}, r"min_p must be in \[0, 1\]"),
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
-        ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+        ({"max_tokens": 0}, "max_tokens must be None or an integer >= 1"),
         ({"top_k": -3}, "top_k must be an integer >= -1"),
         ({"stop": [""]}, "stop must be a non-empty string"),
         ({"stop": [f"s{i}" for i in range(17)]}, "stop has 17 strings; at most 16"),
@@ -83,6 +83,12 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
             SamplingParams(**kwargs)
     with pytest.raises(SpecDecError, match="takes at most 12 positional arguments"):
         SamplingParams(*range(13))
+
+
+def test_max_tokens_none_generates_what_the_context_leaves(llm):
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=None,
+                                                                       ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == llm.max_model_len - 3 and out.finish_reason == "length"
 
 
 def test_generate_takes_vllms_use_tqdm_and_refuses_a_lora_request(llm, capsys):
@@ -259,7 +265,7 @@ CLI_CASES = [
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in"),
     (["--min-p", "2"], "min_p must be in"),
-    (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
+    (["--max-tokens", "0"], "max_tokens must be None or an integer >= 1"),
     (["--speculative-method", "ngram", "--num-speculative-tokens", "0"], "num_speculative_tokens must be"),
     (["--speculative-method", "ngram", "--num-speculative-tokens", "65"], "num_speculative_tokens must be"),
     (["--speculative-method", "draft_model"], "needs --speculative-model"),
@@ -307,7 +313,7 @@ def test_cli_unknown_method_is_argparse_error(capsys):
         ({"seed": True}, "seed must be None or an integer"),
         ({"temperature": True}, "temperature must be a finite number"),
         ({"top_k": True}, "top_k must be an integer"),
-        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"max_tokens": True}, "max_tokens must be None or an integer"),
         ({"top_p": "0.5"}, "top_p must be in"),
         ({"min_p": None}, "min_p must be in"),
         ({"top_p": float("nan")}, "top_p must be in"),

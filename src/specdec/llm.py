@@ -315,7 +315,7 @@ class LLM:
             seq = Sequence(
                 request_id=str(next(self._ids)), prompt_ids=prompt_ids, params=params,
                 generator=torch.Generator(device=self.device).manual_seed(seed),
-                max_new_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
+                max_new_tokens=min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt_ids)),
                 stop_ids=frozenset(stop_ids),
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)

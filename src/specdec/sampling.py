@@ -108,7 +108,8 @@ class SamplingParams(metaclass=_VLLMNames):
     field is validated once, at construction (``dataclasses.replace`` builds a new, validated one).
 
     ``temperature=0`` is greedy decoding, and so is any temperature below
-    :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. A fixed ``seed`` (an
+    :data:`GREEDY_TEMPERATURE`. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None``: as many as the
+    context leaves (vLLM's meaning). A fixed ``seed`` (an
     integer in ``0..2**64-1``) makes a request's random numbers the same whatever else runs in the same
     process (its tokens too where the arithmetic does not depend on the batch: float64, or deterministic mode).
     ``stop`` strings end generation; the returned text excludes the stop string (at most
@@ -127,7 +128,7 @@ class SamplingParams(metaclass=_VLLMNames):
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     stop: tuple[str, ...] | list[str] | str | None = None
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
@@ -148,8 +149,8 @@ class SamplingParams(metaclass=_VLLMNames):
             raise SpecDecError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise SpecDecError(f"top_k must be an integer >= -1 (0 or -1 disable it), got {self.top_k!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise SpecDecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise SpecDecError(f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None and not is_seed(self.seed):
@@ -169,7 +170,7 @@ class SamplingParams(metaclass=_VLLMNames):
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise SpecDecError(f"logprobs must be None or an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
             raise SpecDecError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), "
                                f"got {self.min_tokens!r}")
         if self.structured_outputs is not None:
