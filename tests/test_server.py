@@ -438,3 +438,28 @@ def test_llm_chat_equals_the_servers_chat(spec_server, offline):
         llm.chat(conversation)
     with pytest.raises(SpecDecError, match="the chat template could not render these messages: nope"):
         llm.chat(conversation, chat_template="{{ raise_exception('nope') }}")
+
+
+def test_stop_reason_names_what_ended_the_output(spec_server, offline):
+    """vLLM's ``stop_reason``: the stop string or ``stop_token_ids`` token that ended an output (None for the
+    budget), in the API's outputs and in the server's choices, streamed or not."""
+    llm = offline[PLAIN]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    first = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=1))[0].outputs[0].token_ids
+    by_token = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6,
+                                                       stop_token_ids=first))[0].outputs[0]
+    assert (by_token.finish_reason, by_token.stop_reason) == ("stop", first[0])
+    text = llm.generate(PROMPTS[0], greedy)[0].outputs[0].text
+    stop = text[3:5]
+    by_string = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, stop=["zzzz", stop]))[0]
+    assert (by_string.outputs[0].finish_reason, by_string.outputs[0].stop_reason) == ("stop", stop)
+    budget = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))[0].outputs[0]
+    assert (budget.finish_reason, budget.stop_reason) == ("length", None)
+    client = spec_server.client(KEY)
+    served = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=12,
+                                       stop=["zzzz", stop])
+    assert served.choices[0].stop_reason == stop and served.choices[0].text == by_string.outputs[0].text
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=6,
+                                            extra_body={"stop_token_ids": first}, stream=True))
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert (last.choices[0].finish_reason, last.choices[0].stop_reason) == ("stop", first[0])

@@ -399,8 +399,12 @@ class LLM:
         finished = finish_reason is not None
         text = tracker.delta(final=finished) if tracker.streaming else ""
         logprobs = None if out.logprobs is None else self._logprob_dicts(out.token_ids, out.logprobs)
+        params, last = request.seq.params, out.token_ids[-1] if out.token_ids else None
+        stop_reason = tracker.stop_reason if tracker.stopped else (  # vLLM's: end-of-sequence is checked first
+            last if out.finish_reason == "stop" and last in params.stop_token_ids
+            and (params.ignore_eos or last not in self._eos_ids) else None)
         request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason,
-                                            request.seq.metrics, logprobs))
+                                            request.seq.metrics, logprobs, stop_reason))
         if finished:
             request.done = True
             del self._requests[out.request_id]
@@ -500,7 +504,7 @@ class LLM:
                 seq = request.seq
                 cumulative = None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, token_ids))
                 completion = CompletionOutput(0, request.tracker.finish(), token_ids, out.finish_reason, logprobs,
-                                              cumulative)
+                                              cumulative, out.stop_reason)
                 results.append(RequestOutput(seq.request_id, request.prompt, seq.prompt_ids, [completion], True,
                                              seq.metrics))
         finally:

@@ -17,7 +17,8 @@ TokenLogprobDict = dict[int, Logprob]
 class CompletionOutput:
     """One generated sequence: its text (stop string excluded), token ids and why it ended. With
     ``SamplingParams(logprobs=N)``: ``logprobs`` (one :data:`TokenLogprobDict` per token) and
-    ``cumulative_logprob`` (the chosen tokens' logprobs summed), else None."""
+    ``cumulative_logprob`` (the chosen tokens' logprobs summed), else None. ``stop_reason`` (vLLM's): the stop
+    string or the ``stop_token_ids`` token that ended it, None when it ended otherwise (end-of-sequence too)."""
 
     index: int
     text: str
@@ -25,6 +26,7 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprobDict] | None = None
     cumulative_logprob: float | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -42,8 +44,9 @@ class RequestOutput:
 @dataclass
 class StreamOutput:
     """One streamed increment: the new ``token_ids`` and ``text`` of a step; the last one has
-    ``finished=True``, the ``finish_reason`` and the request's final ``metrics``. ``logprobs``: one
-    :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked for them, else None."""
+    ``finished=True``, the ``finish_reason``, the ``stop_reason`` (:class:`CompletionOutput`'s) and the request's
+    final ``metrics``. ``logprobs``: one :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked
+    for them, else None."""
 
     token_ids: list[int]
     text: str
@@ -51,3 +54,4 @@ class StreamOutput:
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     logprobs: list[TokenLogprobDict] | None = None
+    stop_reason: str | int | None = None

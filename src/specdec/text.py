@@ -30,6 +30,7 @@ class TextTracker:
         self.token_ids: list[int] = []
         self.text = ""
         self.stopped = False
+        self.stop_reason: str | None = None  # the stop string that ended the text
         self._streamed = 0
 
     def _decode(self) -> str:
@@ -52,9 +53,10 @@ class TextTracker:
             if len(self.token_ids) <= self.min_tokens:
                 self._floor = _decoded_len(self.text)
                 continue
-            cut = min((i for s in self.stop_strings
-                       if (i := self.text.find(s, max(searched_from, self._floor - len(s) + 1))) >= 0), default=-1)
-            if cut >= 0:
+            found = [(i, s) for s in self.stop_strings
+                     if (i := self.text.find(s, max(searched_from, self._floor - len(s) + 1))) >= 0]
+            if found:
+                cut, self.stop_reason = min(found)
                 self.text = self.text[:cut]
                 self.stopped = True
                 return kept

@@ -97,6 +97,7 @@ class Choice:
         self.pieces: list[str] = []
         self.num_tokens = 0
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
         self.metrics: RequestMetrics | None = None
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobDict] = []
@@ -163,6 +164,7 @@ class Submission:
                 choice.logprobs.extend(item.logprobs)
             if item.finished:
                 choice.finish_reason, choice.metrics = item.finish_reason, item.metrics
+                choice.stop_reason = item.stop_reason
                 remaining -= 1
             yield index, item
 
@@ -236,6 +238,8 @@ async def _events(submission: Submission, fields: SamplingFields, chunk, opening
                 continue
             shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
             data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
+            if finish is not None:  # vLLM's stop_reason: the stop string or stop token id that ended it
+                data["choices"][0]["stop_reason"] = choice.stop_reason
             if fields.continuous_usage:
                 data["usage"] = submission.choice_usage(index)
             yield _sse(data)
@@ -417,7 +421,8 @@ async def _respond(request: Request, submission: Submission, fields: SamplingFie
             text = echo[index // fields.n] + text
         body = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         shaped = logprobs(choice, choice.token_ids, choice.logprobs) if wants_logprobs else None
-        choices.append({"index": index, **body, "logprobs": shaped, "finish_reason": choice.finish_reason})
+        choices.append({"index": index, **body, "logprobs": shaped, "finish_reason": choice.finish_reason,
+                        "stop_reason": choice.stop_reason})
     obj = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
 
