@@ -27,7 +27,7 @@ from specdec.assets import require_default_pair
 from specdec.bench.workloads import PromptBuilder, load_workload
 from specdec.models.base import ForwardBatch
 from specdec.models.fast_llama import FastLlamaLM
-from specdec.models.kv_pool import StaticKVPool
+from specdec.models.kv_pool import PagedKVPool
 from specdec.models.layers import attend
 from specdec.models.loader import load_causal_lm
 
@@ -60,10 +60,10 @@ def attention(rows_list: list[int], heads: int, head_dim: int) -> None:
                 print(f"| {name} | {rows} | {keys} | {one:.0f} | {two:.0f} | {one / two:.2f} | {same} |")
 
 
-def one_token_step(lm: FastLlamaLM, batch: ForwardBatch, cache: StaticKVPool, cached: int) -> None:
-    """A one-token forward of every row after ``cached`` tokens (the cache's lengths reset first)."""
+def one_token_step(lm: FastLlamaLM, batch: ForwardBatch, cache: PagedKVPool, cached: int) -> None:
+    """A one-token forward of every row after ``cached`` tokens (each slot rolled back to them first)."""
     for slot in batch.slots:
-        cache.lengths[slot] = cached
+        cache.set_length(slot, cached)
     lm.forward(batch, cache)
 
 
@@ -72,6 +72,8 @@ def forward(lm: FastLlamaLM, rows_list: list[int]) -> None:
     for rows in rows_list:
         for cached in (100, 400):
             cache = lm.new_cache(rows, cached + 8)
+            fill = [[(7 * i + r) % lm.vocab_size for i in range(cached)] for r in range(rows)]
+            lm.forward(ForwardBatch.from_rows(fill, [0] * rows, list(range(rows)), lm.device, logits="none"), cache)
             batch = ForwardBatch(torch.randint(0, lm.vocab_size, (rows,)), torch.full((rows,), cached),
                                  list(range(rows)), list(range(rows + 1)))
             times = {False: [], True: []}

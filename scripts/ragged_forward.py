@@ -44,13 +44,13 @@ def main() -> None:
         context = ForwardBatch.from_rows([[(7 * i + slot) % 900 + 3 for i in range(CONTEXT)]], [0], [slot],
                                          model.device, logits="none")
         if args.model == "eagle":
-            context.input_hidden = torch.randn(CONTEXT, model.embed.shape[1], generator=gen)
+            context.input_hidden = torch.randn(CONTEXT, model.embed.shape[1], generator=gen).to(model.dtype)
         model.forward(context, cache)
     rows = [[(5 * i + r) % 900 + 3 for i in range(n)] for r, n in enumerate(args.rows)]
     batch = ForwardBatch.from_rows(rows, [CONTEXT] * len(rows), slots, model.device)
     batch.logits_rows = torch.tensor([c - 1 for c in batch.cu_seqlens[1:]])
     if args.model == "eagle":
-        batch.input_hidden = torch.randn(batch.cu_seqlens[-1], model.embed.shape[1], generator=gen)
+        batch.input_hidden = torch.randn(batch.cu_seqlens[-1], model.embed.shape[1], generator=gen).to(model.dtype)
         batch.hidden_layers = (-1,)
     seconds = []
     for _ in range(args.calls):

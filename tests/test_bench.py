@@ -123,8 +123,9 @@ def test_catalogue_is_plain_the_drafter_registry_and_the_peers(extra_drafters):
     assert list(catalogue) == ["plain", *DRAFTERS, *PEERS]
     for name, drafter in DRAFTERS.items():
         assert catalogue[name].speculative and not catalogue[name].peer
-        assert catalogue[name].needs_draft == (drafter.needs_model or drafter.staged)  # a stage defaults to it
-        assert catalogue[name].needs_config == drafter.staged
+        assert catalogue[name].needs_draft == (drafter.draft_lm or drafter.staged)  # a stage defaults to it
+        # a staged method needs its stages, a method whose model is a folder of heads needs its folder
+        assert catalogue[name].needs_config == (drafter.staged or (drafter.needs_model and not drafter.draft_lm))
         assert drafter.description in catalogue[name].description
     assert catalogue["twin_draft"].needs_draft and not catalogue["lookup_copy"].needs_draft
     assert [s.label for s in expand_methods(["lookup_copy"], [3])] == ["plain", "lookup_copy k=3"]
@@ -706,3 +707,25 @@ def test_missing_default_pair_is_reported(monkeypatch):
     monkeypatch.setattr(specdec.assets, "default_pair", lambda: None)
     with pytest.raises(SpecDecError, match="embedded default pair"):
         _bench([])
+
+
+def test_the_default_method_list_runs_on_any_target(capsys):
+    """A bench without ``--methods`` runs what the target can: methods whose ``model`` is a folder of heads
+    (eagle3) run only through ``--method-config``, and methods with trained default heads (eagle, medusa, mtp) are
+    skipped with one line each on a target they were not trained for; the embedded target keeps them."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.assets import default_pair
+    from specdec.bench.methods import REFERENCE, runnable_by_default
+    from specdec.bench.synthetic import build_synthetic
+
+    assert methods()["eagle3"].needs_config and not methods()["eagle3"].needs_draft
+    assert methods()["draft_model"].needs_draft and not methods()["draft_model"].needs_config
+    specs = [MethodSpec(REFERENCE), MethodSpec("eagle", 2), MethodSpec("eagle", 4), MethodSpec("medusa", 2),
+             MethodSpec("ngram", 2), MethodSpec("eagle", 3, name="eagle-folder", overrides={"model": "/x"})]
+    kept = runnable_by_default(specs, build_synthetic("test", torch.float32, torch.device("cpu")))
+    assert [s.label for s in kept] == ["plain", "ngram k=2", "eagle-folder k=3"]
+    err = capsys.readouterr().err
+    assert err.count("skipping eagle: ") == 1 and "skipping medusa: " in err and "trained for the target" in err
+    embedded = AutoModelForCausalLM.from_pretrained(default_pair()[0])
+    assert runnable_by_default(specs, embedded) == specs

@@ -432,3 +432,15 @@ def test_bench_serve_in_process_levels_start_with_a_drafter_that_forgot(monkeypa
     assert main(["bench-serve", "--in-process", "--methods", "suffix", "--workloads", "code", "--concurrency", "1",
                  "2", "--max-tokens", "3", "--num-requests", "2"]) == 0
     assert len(forgot) == 2 and min(forgot) > 0  # before each level, with the outputs of the requests before it
+
+
+def test_a_json_record_leaves_the_api_key_out():
+    import argparse
+    from pathlib import Path
+
+    from specdec.server.loadgen import recorded_flags
+
+    flags = argparse.Namespace(api_key="sekret", model=None, levels=[1, 4], json=Path("out.json"), func=print)
+    assert recorded_flags(flags) == {"api_key": "<given, not recorded>", "model": None, "levels": [1, 4],
+                                     "json": "out.json"}
+    assert recorded_flags(argparse.Namespace(api_key=None))["api_key"] is None

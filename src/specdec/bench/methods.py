@@ -10,6 +10,7 @@ imports torch and transformers (the CLI must start without them).
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,8 @@ DETERMINISTIC_SUFFIX = " det"
 @dataclass(frozen=True)
 class MethodKind:
     """What a method is: run once per k (``speculative``), needs a draft model, is a transformers peer,
-    runs only as a ``--method-config`` (``needs_config``: a staged method such as cascade needs its stages)."""
+    runs only as a ``--method-config`` (``needs_config``: a staged method such as cascade needs its stages, a
+    method whose ``model`` is a folder of heads, such as eagle3, needs its folder)."""
 
     description: str
     speculative: bool = False
@@ -75,8 +77,8 @@ def methods() -> dict[str, MethodKind]:
     catalogue = {REFERENCE: MethodKind("specdec plain decoding (the reference)")}
     for name, drafter in DRAFTERS.items():
         catalogue[name] = MethodKind(  # a staged method's stages default to the run's draft
-            f"specdec, {drafter.description}", speculative=True, needs_draft=drafter.needs_model or drafter.staged,
-            needs_config=drafter.staged,
+            f"specdec, {drafter.description}", speculative=True, needs_draft=drafter.draft_lm or drafter.staged,
+            needs_config=drafter.staged or (drafter.needs_model and not drafter.draft_lm),  # a folder of heads
         )
     clash = sorted(set(catalogue) & set(PEERS))
     if clash:
@@ -237,3 +239,23 @@ class Runner(ABC):
 
     def forget(self) -> None:  # noqa: B027 - only methods that learn across requests keep anything
         """Forget what earlier calls taught (called after the warm-up)."""
+
+
+def runnable_by_default(specs: Sequence[MethodSpec], target) -> list[MethodSpec]:
+    """``specs`` less the configurations that cannot run on ``target`` (a loaded transformers model) with no
+    ``model`` given (heads trained for another target, none found), each skipped with one line on stderr: what a
+    run of the default method list does, where a method the user named raises its error instead."""
+    from specdec.drafters import DRAFTERS
+
+    kept, skipped = [], {}
+    for spec in specs:
+        kind = methods()[spec.method]
+        reason = None
+        if kind.speculative and not kind.peer and "model" not in (spec.overrides or {}):
+            reason = skipped.get(spec.method) or DRAFTERS[spec.method].unavailable_without_model(target)
+        if reason is None:
+            kept.append(spec)
+        elif spec.method not in skipped:
+            skipped[spec.method] = reason
+            print(f"specdec bench: skipping {spec.method}: {reason}", file=sys.stderr)
+    return kept

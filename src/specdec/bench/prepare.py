@@ -214,6 +214,7 @@ def load_bench(
         parameter_bytes,
         step_read_bytes,
     )
+    from specdec.bench.methods import runnable_by_default
     from specdec.bench.runners import RunnerOptions, SpecDecRunner, build_runners
     from specdec.bench.synthetic import RandomTokenPrompts
     from specdec.bench.workloads import PromptBuilder
@@ -237,6 +238,8 @@ def load_bench(
         kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,
     )
+    if args.methods is None and args.speculative_config is None:  # the default list: what this target can run
+        specs = runnable_by_default(specs, target)
     runners = build_runners(specs, target, draft, options)
     reference = next(r for r in runners if isinstance(r, SpecDecRunner) and r.spec.method == REFERENCE).llm
     settings.context_window = reference.max_model_len

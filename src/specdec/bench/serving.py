@@ -38,7 +38,7 @@ from typing import Any
 
 from specdec.bench.arrivals import check_rates, poisson_arrivals
 from specdec.errors import SpecDecError
-from specdec.server.loadgen import level, percentile
+from specdec.server.loadgen import latencies, level, percentile, recorded_flags
 
 METHODS = ("plain", "draft_model", "eagle", "suffix")
 WORKLOADS = ("code", "chat", "flood")
@@ -188,9 +188,7 @@ def summarize(traces: list[Trace], seconds: float, ttft_slo_ms: float, itl_slo_m
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "requests_per_second": len(traces) / seconds if seconds else 0.0,
         "goodput_requests_per_second": len(good) / seconds if seconds else 0.0,
-        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
-        "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
-        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+        **latencies(ttft, itl),
     }
 
 
@@ -478,8 +476,6 @@ def record(args: argparse.Namespace, target: str) -> dict[str, Any]:
     from specdec.bench.prepare import environment
     from specdec.models.loader import resolve_device, resolve_dtype
 
-    settings = {k: (v if isinstance(v, (int, float, str, list, type(None))) else str(v))
-                for k, v in vars(args).items() if k != "func"}
     device = resolve_device("auto")
-    return {"settings": settings,
+    return {"settings": recorded_flags(args),
             "environment": environment(device, resolve_dtype("auto", AutoConfig.from_pretrained(target), device))}

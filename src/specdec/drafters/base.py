@@ -298,6 +298,12 @@ class Drafter(ABC):
         """Raise SpecDecError when ``config`` lacks what this method needs."""
 
     @classmethod
+    def unavailable_without_model(cls, target: PreTrainedModel) -> str | None:
+        """Why this method cannot run on ``target`` (a loaded transformers model) with no ``model`` in its
+        config, or None when it can (a benchmark's default list skips such methods)."""
+        return None
+
+    @classmethod
     @abstractmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> Drafter:
         """Build the drafter for ``target``, loading whatever it needs."""

@@ -56,6 +56,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def recorded_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of a run as a JSON record keeps them (plain values, anything else as its text), the API key
+    left out: a record is shared, a key is not."""
+    return {k: "<given, not recorded>" if k == "api_key" and v else
+            v if isinstance(v, (int, float, str, list, type(None))) else str(v)
+            for k, v in vars(args).items() if k != "func"}
+
+
+def latencies(ttft_ms: list[float], itl_ms: list[float]) -> dict[str, float]:
+    """TTFT and ITL p50, p99 and mean (milliseconds; nan when empty), under the rows' key names."""
+    return {"ttft_ms_p50": percentile(ttft_ms, 50), "ttft_ms_p99": percentile(ttft_ms, 99),
+            "ttft_ms_mean": statistics.fmean(ttft_ms) if ttft_ms else float("nan"),
+            "itl_ms_p50": percentile(itl_ms, 50), "itl_ms_p99": percentile(itl_ms, 99),
+            "itl_ms_mean": statistics.fmean(itl_ms) if itl_ms else float("nan")}
+
+
 async def one_request(client, url: str, body: dict[str, Any], headers: dict[str, str],
                       disconnect_after: int | None) -> Result:
     """Stream one completion; close the connection after ``disconnect_after`` chunks when given."""
@@ -160,10 +176,7 @@ def summarize(results: list[Result], seconds: float, concurrency: int | None,
         "disconnected": sum(r.disconnected for r in results), "errors": sum(r.error is not None for r in results),
         "first_errors": [r.error for r in results if r.error][:3], "seconds": seconds, "tokens": tokens,
         "tokens_per_second": tokens / seconds if seconds else 0.0, "requests_per_second": len(done) / seconds,
-        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
-        "ttft_ms_mean": statistics.fmean(ttft) if ttft else float("nan"),
-        "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
-        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+        **latencies(ttft, itl),
     }
 
 
@@ -331,7 +344,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         for error in row["first_errors"]:
             print(f"  error: {error}", file=sys.stderr)
     if args.json is not None:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+        args.json.write_text(json.dumps({"args": recorded_flags(args),
                                          "levels": rows}, indent=1))
     failure = run_failure(rows, args.base_url)
     if failure is not None:

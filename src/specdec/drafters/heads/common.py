@@ -201,6 +201,15 @@ class HeadDrafter(Drafter):
                                f"got {type(config.model).__name__}")
 
     @classmethod
+    def unavailable_without_model(cls, target) -> str | None:
+        name = getattr(target.config, "_name_or_path", "") or type(target).__name__
+        try:
+            resolve_folder(None, cls.method, target.get_output_embeddings().weight, name)
+        except SpecDecError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
     def from_config(cls, config: SpeculativeConfig, target: CausalLM, options: LoadOptions) -> HeadDrafter:
         from specdec.drafters.heads.published import is_published
 
