@@ -45,7 +45,7 @@ def test_fuzz_sampling_params(llm, kwargs):
     except Exception as exc:  # noqa: BLE001 - the point: whatever is raised must be a SpecDecError
         _check_failure(exc)
         return
-    short = dataclasses.replace(params, max_tokens=min(params.max_tokens, 3))
+    short = dataclasses.replace(params, max_tokens=min(params.max_tokens or 3, 3), min_tokens=min(params.min_tokens, 3))
     try:
         out = llm.generate({"prompt_token_ids": [1, 2, 3]}, short)[0]
     except Exception as exc:  # noqa: BLE001

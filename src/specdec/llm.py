@@ -164,7 +164,8 @@ class LLM:
         self.max_num_batched_tokens = max_num_batched_tokens_of(enable_chunked_prefill, max_num_batched_tokens,
                                                                 max_num_seqs, self.device)
         budget = KVBudget(self.target, self.max_model_len, kv_cache_memory, gpu_memory_utilization,
-                          step_tokens=max(self.max_num_batched_tokens, max_num_seqs * (k + 1)),
+                          # without chunked prefill a whole prompt is one forward
+                          step_tokens=max(self.max_num_batched_tokens or self.max_model_len, max_num_seqs * (k + 1)),
                           logit_rows=max_num_seqs * (k + 1))
         self.token_texts = TokenTexts(self.tokenizer)
         drafter = None
