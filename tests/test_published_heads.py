@@ -478,3 +478,37 @@ def test_train_eagle_format_eagle3(text_model_dirs, tmp_path):
     assert len(llm.generate("def f(", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids) == 5
     assert main(["eagle", "--out", str(tmp_path / "bad"), "--format", "eagle3", "--feature-weight", "0.5",
                  *common]) == 2
+
+
+def test_the_method_is_inferred_from_the_model_as_vllm_does(tmp_path, model_dirs):
+    """A ``speculative_config`` with a ``model`` and no ``method``: a specdec head folder names its method, a
+    published EAGLE-3 or Medusa config is eagle3 or medusa, anything else a draft model; the inferred config
+    runs (the embedded eagle heads on the embedded target)."""
+    from specdec.assets import default_pair
+    from specdec.drafters import SpeculativeConfig
+    from specdec.drafters.heads.common import HEADS_DIR
+
+    def method(model):
+        return SpeculativeConfig.from_dict({"model": model, "num_speculative_tokens": 2}).method
+
+    assert method(str(HEADS_DIR / "eagle")) == "eagle" and method(HEADS_DIR / "medusa") == "medusa"
+    assert method(str(model_dirs["llama"]["truncated"])) == "draft_model"
+    assert method("some-org/some-draft") == "draft_model" and method(build_model("llama", seed=3)) == "draft_model"
+    for name, config in (("e3", {"architectures": ["LlamaForCausalLMEagle3"]}), ("m", {"medusa_num_heads": 3})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    assert method(str(tmp_path / "e3")) == "eagle3" and method(str(tmp_path / "m")) == "medusa"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{")
+    with pytest.raises(SpecDecError, match="cannot read .*config.json"):
+        method(str(tmp_path / "bad"))
+    with pytest.raises(SpecDecError, match=r"needs a 'method' \(or a 'model' to infer it from\)"):
+        SpeculativeConfig.from_dict({"num_speculative_tokens": 2})
+    target = default_pair()[0]
+    inferred = LLM(target, speculative_config={"model": str(HEADS_DIR / "eagle"), "num_speculative_tokens": 2})
+    named = LLM(target, speculative_config={"method": "eagle", "model": str(HEADS_DIR / "eagle"),
+                                            "num_speculative_tokens": 2})
+    params = SamplingParams(temperature=0, max_tokens=12)
+    assert inferred.speculative_config.method == "eagle"
+    assert inferred.generate("def add(a, b):", params)[0].outputs[0].token_ids == named.generate(
+        "def add(a, b):", params)[0].outputs[0].token_ids

@@ -38,7 +38,8 @@ MAX_CANDIDATES = 16
 class SpeculativeConfig:
     """vLLM-style ``speculative_config``: which drafter, and how many tokens per step.
 
-    ``method``: a registered drafter name (``"draft_model"``, ``"ngram"``). ``model``: the
+    ``method``: a registered drafter name (``"draft_model"``, ``"ngram"``); a dict given a ``model`` and no
+    ``method`` gets the one its model means (:mod:`specdec.drafters.method_of`, as vLLM infers it). ``model``: the
     draft model's folder, hub id or a loaded ``PreTrainedModel`` (draft_model; several
     ``LLM``s can share one loaded draft). ``dtype``: the draft model's dtype (None: see
     :func:`specdec.drafters.draft_lm.resolve_draft_dtype`). ``prompt_lookup_max``/
@@ -175,7 +176,8 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        """Build from a plain dict, rejecting unknown keys by name."""
+        """Build from a plain dict, rejecting unknown keys by name; without a ``method``, the one its ``model``
+        means (:func:`specdec.drafters.method_of.method_of`, as vLLM infers it)."""
         if not isinstance(data, dict):
             raise SpecDecError(f"speculative_config must be a dict, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
@@ -183,7 +185,11 @@ class SpeculativeConfig:
         if unknown:
             raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}")
         if "method" not in data:
-            raise SpecDecError("speculative_config needs a 'method'")
+            if data.get("model") is None:
+                raise SpecDecError("speculative_config needs a 'method' (or a 'model' to infer it from)")
+            from specdec.drafters.method_of import method_of
+
+            data = {**data, "method": method_of(data["model"])}
         return cls(**data)
 
 

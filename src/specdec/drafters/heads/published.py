@@ -32,11 +32,10 @@ from transformers import LlamaConfig
 from specdec.drafters.draft_vocab import TOKEN_COUNTS_FILE
 from specdec.drafters.heads.common import CONFIG_FILE, HeadSpec
 from specdec.drafters.heads.published_eagle import EAGLE1, EAGLE3, PublishedEagle
+from specdec.drafters.method_of import EAGLE3_ARCHITECTURE
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.models.cpu_linear import PackedLinear, linear, pack
-
-EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 def read_config(folder: Path) -> dict[str, Any]:
