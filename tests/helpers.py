@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
+from scipy.stats import chisquare
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -172,3 +174,14 @@ def spy(obj, name: str) -> list:
 
     setattr(obj, name, wrapper)
     return calls
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson's test with cells of expected count < 5 pooled; 0.0 when a forbidden pair was drawn."""
+    expected, observed = probs.ravel() * counts.sum(), counts.ravel()
+    if observed[probs.ravel() == 0].sum() > 0:
+        return 0.0
+    big = expected >= 5
+    obs, exp = np.append(observed[big], observed[~big].sum()), np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)

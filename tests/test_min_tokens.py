@@ -10,8 +10,8 @@ the stop tokens at the pending token's column only (the drafts' columns unmasked
 import numpy as np
 import pytest
 import torch
-from helpers import build_model
-from scipy.stats import chisquare
+from helpers import chi_square_pvalue
+from test_sampling_exactness import VOCAB, pair  # noqa: F401 - pair: a sharp target and a different draft
 
 import specdec.engine
 import specdec.min_tokens
@@ -94,18 +94,14 @@ def test_greedy_speculation_equals_plain_with_min_tokens(model_dirs, greedy_case
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-VOCAB = 12
 PROMPT = [5, 1, 4, 5, 2, 1, 4, 7, 3, 1, 4]  # "1 4" and "4" occurred before: ngram drafts trees from them
 SAMPLES = 1600
 PER_CALL = 16
 
 
 @pytest.fixture(scope="module")
-def sampled_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("min_tokens")
-    target = build_model("llama", seed=11, vocab=VOCAB, layers=2, scale=3.0)
-    build_model("llama", seed=12, vocab=VOCAB, layers=1, scale=3.0).save_pretrained(root / "draft")
-    target.save_pretrained(root / "target")
+def sampled_pair(pair):  # noqa: F811
+    target, root = pair
     with torch.no_grad():  # the stop tokens: the two likeliest first tokens
         stops = target(torch.tensor([PROMPT])).logits[0, -1].topk(2).indices.tolist()
     return target, root, stops
@@ -122,17 +118,6 @@ def masked_joint(target, stops: list[int], params: SamplingParams) -> np.ndarray
     return (first[:, None] * second).numpy()
 
 
-def pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson's test with cells of expected count < 5 pooled; 0.0 when a forbidden pair was drawn."""
-    expected, observed = probs.ravel() * counts.sum(), counts.ravel()
-    if observed[probs.ravel() == 0].sum() > 0:
-        return 0.0
-    big = expected >= 5
-    obs, exp = np.append(observed[big], observed[~big].sum()), np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
-
-
 def sampled_pvalue(sampled_pair, spec: dict) -> tuple[float, LLM]:
     target, root, stops = sampled_pair
     llm = LLM(root / "target", dtype="float64", max_num_seqs=PER_CALL, speculative_config=spec)
@@ -143,7 +128,7 @@ def sampled_pvalue(sampled_pair, spec: dict) -> tuple[float, LLM]:
         for out in llm.generate([{"prompt_token_ids": PROMPT}] * PER_CALL, params):
             tokens = out.outputs[0].token_ids
             counts[tokens[0], tokens[1]] += 1
-    return pvalue(counts, masked_joint(target, stops, SamplingParams(temperature=1.0))), llm
+    return chi_square_pvalue(counts, masked_joint(target, stops, SamplingParams(temperature=1.0))), llm
 
 
 SPECS = {

@@ -14,8 +14,7 @@ import llguidance.hf
 import numpy as np
 import pytest
 import torch
-from helpers import build_model
-from scipy.stats import chisquare
+from helpers import build_model, chi_square_pvalue
 from test_heads import make_heads
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -159,17 +158,6 @@ def exact_joint(target, tokenizer, prompt_ids: list[int], params: SamplingParams
     for i, t in enumerate(letters):
         joint[t] = first[t].item() * second[i].numpy()
     return joint
-
-
-def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson's test with cells of expected count < 5 pooled; 0.0 when a forbidden pair was drawn."""
-    expected, observed = probs.ravel() * counts.sum(), counts.ravel()
-    if observed[probs.ravel() == 0].sum() > 0:
-        return 0.0
-    big = expected >= 5
-    obs, exp = np.append(observed[big], observed[~big].sum()), np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
 def sampled_pvalues(models, spec: dict, prompt: str) -> tuple[list[float], LLM]:
