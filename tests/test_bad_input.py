@@ -81,8 +81,8 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
                           ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p")]:
         with pytest.raises(SpecDecError, match=re.escape(words)):
             SamplingParams(**kwargs)
-    with pytest.raises(SpecDecError, match="takes at most 12 positional arguments"):
-        SamplingParams(*range(13))
+    with pytest.raises(SpecDecError, match="takes at most 13 positional arguments"):
+        SamplingParams(*range(14))
 
 
 def test_max_tokens_none_generates_what_the_context_leaves(llm):

@@ -463,3 +463,9 @@ def test_stop_reason_names_what_ended_the_output(spec_server, offline):
                                             extra_body={"stop_token_ids": first}, stream=True))
     last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
     assert (last.choices[0].finish_reason, last.choices[0].stop_reason) == ("stop", first[0])
+    for include in (False, True):  # the stop token's text only with include_stop_str_in_output, as in vLLM v1
+        params = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=first, include_stop_str_in_output=include)
+        expected = llm.generate(PROMPTS[0], params)[0].outputs[0].text
+        served = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=6,
+                                           extra_body={"stop_token_ids": first, "include_stop_str_in_output": include})
+        assert served.choices[0].text == expected == llm.tokenizer.decode(first if include else [])

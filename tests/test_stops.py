@@ -101,6 +101,35 @@ def test_stop_string_cuts_text_and_tokens(text_model_dirs):
     assert streamed[-1].finished and streamed[-1].finish_reason == "stop"
 
 
+def test_stop_token_text_is_left_out_unless_included(text_model_dirs):
+    """As in vLLM v1: the text of the stop token (a ``stop_token_ids`` token; end-of-sequence decodes to nothing)
+    that ended an output is not in its text, and is among its token ids; ``include_stop_str_in_output`` keeps it
+    in the text, and keeps a stop string too. Streamed or not, speculative or not."""
+    spec = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 8}
+    llm = LLM(text_model_dirs["target"], speculative_config=spec, dtype="float64")
+    decode = llm.tokenizer.decode
+    prompt = "def f(x):\n"
+    reference = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    ids = reference.token_ids
+    stop_at = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i] and decode([ids[i]]).strip())
+    for include in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[ids[stop_at]],
+                                include_stop_str_in_output=include)
+        out = llm.generate(prompt, params)[0].outputs[0]
+        assert out.token_ids == ids[: stop_at + 1] and (out.finish_reason, out.stop_reason) == ("stop", ids[stop_at])
+        expected = decode(ids[: stop_at + 1] if include else ids[:stop_at])
+        assert out.text == expected
+        streamed = list(llm.stream(prompt, params))
+        assert "".join(piece.text for piece in streamed) == expected
+        assert [t for piece in streamed for t in piece.token_ids] == out.token_ids
+    stop = reference.text[8:11]
+    cut = reference.text.index(stop) + len(stop)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    out = llm.generate(prompt, params)[0].outputs[0]
+    assert (out.text, out.stop_reason) == (reference.text[:cut], stop)
+    assert "".join(piece.text for piece in llm.stream(prompt, params)) == reference.text[:cut]
+
+
 def test_stops_per_row_in_one_batch(spec_llm, reference):
     """Rows of one batch stop at their own stop token or budget, inside accepted runs, and the
     other rows go on unaffected."""
@@ -176,23 +205,25 @@ class ByteChunks:
         return b"".join(self.chunks[i] for i in ids).decode("utf-8", errors="replace")
 
 
-def cut_at_first_stop(decode, ids: list[int], stops: tuple[str, ...]) -> tuple[str, int]:
+def cut_at_first_stop(decode, ids: list[int], stops: tuple[str, ...], include: bool = False) -> tuple[str, int]:
     """The reference, by brute force: the text of the shortest token prefix whose decoded text holds a
-    stop string, cut where the first one starts."""
+    stop string, cut where the first one starts (``include``: where it ends)."""
     for k in range(1, len(ids) + 1):
         text = decode(ids[:k])
-        found = [i for s in stops if (i := text.find(s)) >= 0]
+        found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
         if found:
-            return text[: min(found)], k
+            start, stop = min(found)
+            return text[: start + len(stop) if include else start], k
     return decode(ids), len(ids)
 
 
-def run_tracker(tokenizer, ids: list[int], steps: list[int], stops: tuple[str, ...], streaming: bool):
+def run_tracker(tokenizer, ids: list[int], steps: list[int], stops: tuple[str, ...], streaming: bool,
+                include: bool = False):
     """Feed ``ids`` in steps of the given sizes; (streamed text, final text, tokens kept). Asserts that
     what was streamed so far is always a prefix of the final text."""
     from specdec.text import TextTracker
 
-    tracker = TextTracker(tokenizer, stops, streaming=streaming)
+    tracker = TextTracker(tokenizer, stops, streaming=streaming, include_stop=include)
     streamed, kept, start = "", 0, 0
     partial = []
     for size in steps:
@@ -243,15 +274,18 @@ def text_splits_and_stops(draw):
 def test_streamed_text_equals_text_cut_at_the_first_stop(case):
     """Random multi-byte texts split into tokens at random bytes (mid-character included), random stop
     strings, random tokens per step: the streamed deltas, the non-streamed text and the brute-force
-    reference agree, and the tokens kept end with the one that completed the stop string."""
+    reference agree, and the tokens kept end with the one that completed the stop string; with
+    ``include_stop`` the text ends with that stop string."""
     text, chunks, stops, steps = case
     tokenizer = ByteChunks(chunks)
     ids = list(range(len(chunks)))
-    expected, expected_kept = cut_at_first_stop(tokenizer.decode, ids, stops)
-    streamed, final, kept = run_tracker(tokenizer, ids, steps, stops, streaming=True)
-    _, not_streamed, kept_not_streamed = run_tracker(tokenizer, ids, steps, stops, streaming=False)
-    assert streamed == final == not_streamed == expected
-    assert kept == kept_not_streamed == expected_kept
+    for include in (False, True):
+        expected, expected_kept = cut_at_first_stop(tokenizer.decode, ids, stops, include)
+        streamed, final, kept = run_tracker(tokenizer, ids, steps, stops, streaming=True, include=include)
+        _, not_streamed, kept_not_streamed = run_tracker(tokenizer, ids, steps, stops, streaming=False,
+                                                         include=include)
+        assert streamed == final == not_streamed == expected
+        assert kept == kept_not_streamed == expected_kept
 
 
 @settings(max_examples=150, deadline=None)

@@ -321,7 +321,8 @@ class LLM:
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
-                                                       min_tokens=params.min_tokens))
+                                                       min_tokens=params.min_tokens,
+                                                       include_stop=params.include_stop_str_in_output))
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)
             return request
@@ -393,7 +394,8 @@ class LLM:
             del self._requests[out.request_id]
             return out
         tracker = request.tracker
-        kept = tracker.add(out.token_ids)
+        stop_token = out.finish_reason == "stop" and out.token_ids[-1] in request.seq.stop_ids
+        kept = tracker.add(out.token_ids, stop_token)
         if kept < len(out.token_ids):
             out = self.engine.trim(out, kept, request.seq.metrics)
         finish_reason = "stop" if tracker.stopped else out.finish_reason

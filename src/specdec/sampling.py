@@ -67,7 +67,7 @@ def check_text(text: str, what: str) -> None:
 VLLM_NEUTRAL = {
     "n": (1,), "best_of": (None, 1), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "include_stop_str_in_output": (False,), "logits_processors": (None, []),
+    "spaces_between_special_tokens": (True,), "logits_processors": (None, []),
     "bad_words": (None, []), "logit_bias": (None, {}), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "extra_args": (None, {}),
 }
@@ -122,6 +122,8 @@ class SamplingParams(metaclass=_VLLMNames):
     distribution, see :mod:`specdec.logprobs`). ``min_tokens``: the stop tokens (``stop_token_ids`` and, unless
     ``ignore_eos``, end-of-sequence) cannot be generated, and stop strings do not end the output, before this many
     output tokens (vLLM's meaning; exact under speculation, :mod:`specdec.min_tokens`).
+    ``include_stop_str_in_output``: the text keeps the stop string, or the stop token's text, that ended it (by
+    default both are left out, as in vLLM; the stop token is among the output's ``token_ids`` either way).
     """
 
     temperature: float = 1.0
@@ -136,6 +138,7 @@ class SamplingParams(metaclass=_VLLMNames):
     structured_outputs: StructuredOutputsParams | dict | None = None
     logprobs: int | None = None
     min_tokens: int = 0
+    include_stop_str_in_output: bool = False
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +156,9 @@ class SamplingParams(metaclass=_VLLMNames):
             raise SpecDecError(f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise SpecDecError(f"include_stop_str_in_output must be True or False, got "
+                               f"{self.include_stop_str_in_output!r}")
         if self.seed is not None and not is_seed(self.seed):
             raise SpecDecError(f"seed must be None or an integer in 0..2**64-1, got {self.seed!r}")
         if isinstance(self.stop, (list, tuple)) and len(self.stop) > MAX_STOP_STRINGS:

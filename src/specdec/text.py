@@ -6,11 +6,14 @@ from __future__ import annotations
 class TextTracker:
     """Follows one request's output tokens and turns them into text.
 
-    ``add(token_ids)`` returns how many of the tokens to keep: fewer than given when a stop
-    string completes inside them (the text is then cut before the stop string), never within the first
-    ``min_tokens`` tokens (a stop string that completes there does not count, later either, as in vLLM). ``delta()``
-    returns the text that is safe to stream: never a part of a possible stop string, nor an
-    incomplete UTF-8 sequence.
+    ``add(token_ids, stop_token)`` returns how many of the tokens to keep: fewer than given when a stop
+    string completes inside them (the text is then cut before the stop string, or after it with ``include_stop``),
+    never within the first ``min_tokens`` tokens (a stop string that completes there does not count, later
+    either, as in vLLM). ``stop_token``: the last token is the stop token (a ``stop_token_ids`` token or
+    end-of-sequence) that ended the output; as in vLLM v1 its text is left out unless ``include_stop`` (vLLM's
+    ``include_stop_str_in_output``), and it is kept among the tokens. ``delta()`` returns the text that is safe
+    to stream: never a part of a possible stop string (unless ``include_stop``, where the stop string is text),
+    nor an incomplete UTF-8 sequence.
 
     The decoded text ends in U+FFFD while the bytes of its last character are incomplete; those
     replacement characters are not text yet (the next token may turn them into a character that
@@ -20,12 +23,15 @@ class TextTracker:
     Without stop strings and without streaming, text is decoded once, by ``finish``.
     """
 
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool, min_tokens: int = 0) -> None:
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool, min_tokens: int = 0,
+                 include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
         self.min_tokens = min_tokens
+        self.include_stop = include_stop
         self._floor = 0  # decoded characters of the first min_tokens tokens: a stop string must end past them
         self.streaming = streaming
+        # A stop string may start this many characters before a new token's text.
         self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self.token_ids: list[int] = []
         self.text = ""
@@ -36,7 +42,14 @@ class TextTracker:
     def _decode(self) -> str:
         return self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
-    def add(self, token_ids: list[int]) -> int:
+    def add(self, token_ids: list[int], stop_token: bool = False) -> int:
+        shown = token_ids[:-1] if stop_token and not self.include_stop else token_ids
+        kept = self._add(shown)
+        if self.stopped:  # a stop string ended the text at or before the stop token's place
+            return kept
+        return len(token_ids)
+
+    def _add(self, token_ids: list[int]) -> int:
         if self.tokenizer is None:
             self.token_ids.extend(token_ids)
             return len(token_ids)
@@ -57,7 +70,7 @@ class TextTracker:
                      if (i := self.text.find(s, max(searched_from, self._floor - len(s) + 1))) >= 0]
             if found:
                 cut, self.stop_reason = min(found)
-                self.text = self.text[:cut]
+                self.text = self.text[:cut + len(self.stop_reason) if self.include_stop else cut]
                 self.stopped = True
                 return kept
         return len(token_ids)
@@ -72,7 +85,8 @@ class TextTracker:
         """Text not streamed yet; unless ``final``, holds back what a stop string or UTF-8 may change."""
         end = len(self.text)
         if not final:
-            end = max(self._streamed, _decoded_len(self.text) - (self.hold_back if self.stop_strings else 0))
+            held = self.hold_back if self.stop_strings and not self.include_stop else 0
+            end = max(self._streamed, _decoded_len(self.text) - held)
         piece = self.text[self._streamed : end]
         self._streamed = end
         return piece

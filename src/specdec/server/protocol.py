@@ -49,7 +49,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "store": (False,), "service_tier": ("auto", "default"),
     "modalities": (["text"],), "skip_special_tokens": (True,),
-    "include_stop_str_in_output": (False,),
 }
 """OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
 too): a neutral value is accepted and ignored, any other is refused by name. ``metadata`` (OpenAI's tags for a
@@ -171,6 +170,7 @@ class SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    include_stop_str_in_output: bool = False
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -211,7 +211,8 @@ class SamplingFields(_Strict):
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
                               ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint(),
-                              logprobs=self.num_logprobs(), min_tokens=self.min_tokens)
+                              logprobs=self.num_logprobs(), min_tokens=self.min_tokens,
+                              include_stop_str_in_output=self.include_stop_str_in_output)
 
     def num_logprobs(self) -> int | None:
         """How many top tokens to report per position (None: no logprobs)."""
