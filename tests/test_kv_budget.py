@@ -135,9 +135,14 @@ def test_a_size_and_a_share_are_not_both_given():
         LLM("/no/such/model", kv_cache_memory="1GiB", gpu_memory_utilization=0.5)
 
 
-def test_a_backend_that_does_not_page_keeps_its_own_sizing(target, pinned):
-    pinned.update(total=0, in_use=0)  # would refuse any paged pool
-    llm = LLM(target, dtype="float64", backend="hf", max_model_len=128, max_num_seqs=2, gpu_memory_utilization=0.5)
+@pytest.mark.parametrize("sizing", [{"gpu_memory_utilization": 0.5}, {"kv_cache_memory": "1GiB"}])
+def test_a_backend_that_does_not_page_refuses_a_size(target, pinned, sizing):
+    """transformers' forward grows a cache per sequence: a size or share asked for would not bound it."""
+    (name,) = sizing
+    with pytest.raises(SpecDecError, match=f"{name} sizes the fast backend's paged KV pool, and .* runs on "
+                                           "transformers' forward, whose caches grow per sequence"):
+        LLM(target, dtype="float64", backend="hf", max_model_len=128, max_num_seqs=2, **sizing)
+    llm = LLM(target, dtype="float64", backend="hf", max_model_len=128, max_num_seqs=2)
     assert llm.kv_cache_description is None and llm.engine.cache.num_blocks == 0
 
 

@@ -108,7 +108,9 @@ class KVBudget:
     ``kv_cache_memory``: bytes (or ``"4GiB"``) of the target's pool; a draft model's pool holds as many
     tokens beside it. ``gpu_memory_utilization``: the share of the device's memory that the weights, the
     pools and a step (``step_tokens`` tokens fed, ``logit_rows`` rows scored) may take together. Neither:
-    the pools' default sizing (every slot can be full), as on a backend that does not page its pool.
+    the pools' default sizing (every slot can be full). A target whose backend does not page its pool
+    (transformers' forward: its caches grow per sequence) refuses both, rather than leave the memory unbounded
+    while a limit was asked for.
     """
 
     def __init__(self, target: CausalLM, max_model_len: int, kv_cache_memory: int | str | None = None,
@@ -118,6 +120,11 @@ class KVBudget:
         self.target, self.max_model_len = target, max_model_len
         self.step_tokens, self.logit_rows = step_tokens, logit_rows
         self.per_token = target.kv_bytes_per_token()
+        if self.per_token is None and (self.memory is not None or self.utilization is not None):
+            name = "kv_cache_memory" if self.memory is not None else "gpu_memory_utilization"
+            raise SpecDecError(f"{name} sizes the fast backend's paged KV pool, and {target.name!r} runs on "
+                               f"transformers' forward, whose caches grow per sequence (admitted by max_num_seqs "
+                               f"alone): leave {name} out, or run a model the fast backend runs")
         self._blocks: int | None = None
         self.description: str | None = None  # how the share was spent, once sized (for the server's log)
 
