@@ -36,14 +36,13 @@ from specdec.metrics import BatchMetrics
 from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
-from specdec.sampling import SamplingParams, check_text, is_seed
+from specdec.prompts import Prompt, encode, eos_token_ids
+from specdec.sampling import SamplingParams, is_seed
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
 from specdec.text import TextTracker, TokenTexts
-
-Prompt = str | dict[str, Any]
 
 
 @dataclass(eq=False)
@@ -186,7 +185,7 @@ class LLM:
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
                              enable_prefix_caching, deterministic)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens, self.prefill_share)
-        self._eos_ids = frozenset(self._eos_token_ids())
+        self._eos_ids = frozenset(eos_token_ids(self.tokenizer, self.target))
         self._seeds = random.Random(seed)
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
@@ -207,69 +206,12 @@ class LLM:
         """:class:`~specdec.metrics.BatchMetrics` over every step this LLM has run."""
         return self.engine.metrics
 
-    def _eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        model = getattr(self.target, "config", None)
-        for source in (getattr(self.tokenizer, "eos_token_id", None), getattr(model, "eos_token_id", None)):
-            if isinstance(source, int):
-                ids.add(source)
-            elif isinstance(source, (list, tuple)):
-                ids.update(int(t) for t in source)
-        return ids
-
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of a prompt, validated against the model: a string, ``{"prompt": text}``
-        or ``{"prompt_token_ids": [...]}`` (vLLM's text and tokens prompts); beside ids, ``"prompt"`` is the text
-        shown for them (echo), not tokenized."""
-        if isinstance(prompt, dict):
-            unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids"}))
-            if unknown:
-                raise SpecDecError(f"unknown key {unknown[0]!r} in a prompt: it takes 'prompt' (a string) or "
-                                   f"'prompt_token_ids' (sampling settings go in SamplingParams)")
-            if "prompt_token_ids" not in prompt:  # a text prompt
-                if not isinstance(prompt.get("prompt"), str):
-                    raise SpecDecError("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
-                prompt = prompt["prompt"]
-        if isinstance(prompt, str):
-            if not prompt:
-                raise SpecDecError("empty prompt")
-            if self.tokenizer is None:
-                raise SpecDecError(
-                    f"model {self.model_name!r} has no tokenizer: pass prompts as {{'prompt_token_ids': [...]}}"
-                )
-            check_text(prompt, "prompt")
-            text, ids = prompt, self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
-            if text is not None and not isinstance(text, str):
-                raise SpecDecError(f"a prompt's 'prompt' must be a string, got {type(text).__name__}")
-            if not isinstance(ids, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                raise SpecDecError("prompt_token_ids must be a list of integers")
-            self._check_length(len(ids))
-            bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
-            if bad:
-                raise SpecDecError(
-                    f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})"
-                )
-            ids = list(ids)
-        else:
-            raise SpecDecError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got "
-                               f"{type(prompt).__name__}")
-        if not ids:
-            raise SpecDecError("empty prompt")
-        self._check_length(len(ids))
-        return text, ids
-
-    def _check_length(self, num_tokens: int) -> None:
-        if num_tokens >= self.max_model_len:
-            limit = (f"max_model_len is {self.max_model_len}" if self.max_model_len < self.target.max_length
-                     else f"the context window of {self.model_name!r} is {self.target.max_length} tokens")
-            raise SpecDecError(
-                f"prompt of {num_tokens} tokens is too long: {limit} (at least one token must remain for the output)"
-            )
+        """``(text or None, token ids)`` of a prompt, validated against the model (:func:`specdec.prompts.encode`):
+        a string, ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}`` (vLLM's text and tokens prompts); beside
+        ids, ``"prompt"`` is the text shown for them (echo), not tokenized."""
+        return encode(prompt, self.tokenizer, self.target, self.max_model_len)
 
     def check_params(self, params: object) -> SamplingParams:
         """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`

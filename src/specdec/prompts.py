@@ -1,0 +1,76 @@
+"""Prompts as the offline API and the server take them (vLLM's forms), turned into token ids and checked
+against the model: a string, ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``; and the model's
+end-of-sequence ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.errors import SpecDecError
+from specdec.models.base import CausalLM
+from specdec.sampling import check_text
+
+Prompt = str | dict[str, Any]
+
+
+def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int) -> tuple[str | None, list[int]]:
+    """``(text or None, token ids)`` of ``prompt`` for ``target`` (its vocabulary, its context window) with
+    ``tokenizer`` (None: only token-id prompts) and at most ``max_model_len - 1`` tokens, so that one remains for
+    the output. Beside ids, ``"prompt"`` is the text shown for them (echo), not tokenized. A bad prompt is a
+    :class:`SpecDecError` that names what is wrong."""
+    if isinstance(prompt, dict):
+        unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids"}))
+        if unknown:
+            raise SpecDecError(f"unknown key {unknown[0]!r} in a prompt: it takes 'prompt' (a string) or "
+                               f"'prompt_token_ids' (sampling settings go in SamplingParams)")
+        if "prompt_token_ids" not in prompt:  # a text prompt
+            if not isinstance(prompt.get("prompt"), str):
+                raise SpecDecError("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
+            prompt = prompt["prompt"]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise SpecDecError("empty prompt")
+        if tokenizer is None:
+            raise SpecDecError(f"model {target.name!r} has no tokenizer: pass prompts as {{'prompt_token_ids': [...]}}")
+        check_text(prompt, "prompt")
+        text, ids = prompt, tokenizer(prompt)["input_ids"]
+    elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+        if text is not None and not isinstance(text, str):
+            raise SpecDecError(f"a prompt's 'prompt' must be a string, got {type(text).__name__}")
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise SpecDecError("prompt_token_ids must be a list of integers")
+        check_length(len(ids), target, max_model_len)
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise SpecDecError(f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{target.vocab_size - 1})")
+        ids = list(ids)
+    else:
+        raise SpecDecError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got "
+                           f"{type(prompt).__name__}")
+    if not ids:
+        raise SpecDecError("empty prompt")
+    check_length(len(ids), target, max_model_len)
+    return text, ids
+
+
+def check_length(num_tokens: int, target: CausalLM, max_model_len: int) -> None:
+    """A :class:`SpecDecError` when a prompt of ``num_tokens`` leaves no token of ``max_model_len`` for the output,
+    naming the limit (``max_model_len``, or the model's context window where that is the limit)."""
+    if num_tokens >= max_model_len:
+        limit = (f"max_model_len is {max_model_len}" if max_model_len < target.max_length
+                 else f"the context window of {target.name!r} is {target.max_length} tokens")
+        raise SpecDecError(
+            f"prompt of {num_tokens} tokens is too long: {limit} (at least one token must remain for the output)")
+
+
+def eos_token_ids(tokenizer, target: CausalLM) -> set[int]:
+    """The end-of-sequence ids of the tokenizer and of the model's config (either may be an id or a list)."""
+    ids: set[int] = set()
+    config = getattr(target, "config", None)
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(t) for t in source)
+    return ids
