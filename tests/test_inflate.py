@@ -4,6 +4,8 @@ load on the inflated target, ``specdec inflate`` and ``bench --shape`` at the ti
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -232,8 +234,15 @@ def test_bench_shape_tiny_smoke(tmp_path):
 
 
 def test_inflate_cli_writes_a_pair_and_a_checkpoint(tmp_path, capsys):
-    assert main(["inflate", "default", str(tmp_path / "pair"), "--shape", "tiny"]) == 0
-    assert main(["inflate", str(DEFAULT_PAIR_DIR / "draft"), str(tmp_path / "draft"), "--shape", "tiny-draft"]) == 0
+    mask = os.umask(0o022)
+    try:
+        assert main(["inflate", "default", str(tmp_path / "pair"), "--shape", "tiny"]) == 0
+        assert main(["inflate", str(DEFAULT_PAIR_DIR / "draft"), str(tmp_path / "draft"), "--shape", "tiny-draft"]) == 0
+    finally:
+        os.umask(mask)
+    # readable by others, as any file under umask 022 (safetensors alone writes 0600)
+    weights = sorted(tmp_path.rglob("*.safetensors"))
+    assert len(weights) >= 6 and {stat.S_IMODE(f.stat().st_mode) for f in weights} == {0o644}
     printed = capsys.readouterr().out
     assert "33,924,480 parameters" in printed and "6,064,320 parameters" in printed
     assert (tmp_path / "pair" / "heads" / "mtp" / "config.json").is_file()

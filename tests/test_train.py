@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +168,9 @@ def test_lm_trains_loads_and_loss_decreases(target_dir: Path) -> None:
     assert AutoTokenizer.from_pretrained(target_dir).decode([5, 6]) is not None
     summary = json.loads((target_dir / "train_summary.json").read_text())
     assert summary["steps"] == 30 and summary["stopped_by"] == "max_steps" and summary["command"]
+    mask = os.umask(0)
+    os.umask(mask)  # the weights get the umask's mode, as the folder's other files (safetensors alone writes 0600)
+    assert stat.S_IMODE((target_dir / "model.safetensors").stat().st_mode) == 0o666 & ~mask
 
 
 def test_resume_continues_from_saved_step(

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from specdec.errors import SpecDecError
 from specdec.models.cpu_linear import packed_copy
+from specdec.tensor_files import save_tensors
 
 TOKEN_COUNTS_FILE = "token_counts.safetensors"
 DEFAULT_KEY = "draft_vocab_size"
@@ -50,8 +50,8 @@ def save_token_counts(folder: str | os.PathLike[str], tokens: np.ndarray, vocab_
     ``default_size`` the folder's default draft vocabulary (0: the whole vocabulary)."""
     counts = np.bincount(np.asarray(tokens, dtype=np.int64).reshape(-1), minlength=vocab_size)[:vocab_size]
     Path(folder).mkdir(parents=True, exist_ok=True)
-    save_file({"counts": torch.from_numpy(counts.astype(np.int64))}, str(Path(folder) / TOKEN_COUNTS_FILE),
-              metadata={DEFAULT_KEY: str(int(default_size))})
+    save_tensors({"counts": torch.from_numpy(counts.astype(np.int64))}, Path(folder) / TOKEN_COUNTS_FILE,
+                 metadata={DEFAULT_KEY: str(int(default_size))})
 
 
 class DraftVocab:

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specdec.cli_checks import check_new_folder
 from specdec.errors import SpecDecError
 from specdec.inflate.model import Inflated, inflate_weights
 from specdec.shapes import get_shape
+from specdec.tensor_files import save_tensors
 
 INFLATED_FILE = "inflated.json"
 """Written into every inflated folder: the source, the shape and the parameter count."""
@@ -57,7 +58,7 @@ def write_checkpoint(inflated: Inflated, folder: str | os.PathLike[str], source:
         if file.is_file() and not weights and file.name not in _NOT_COPIED and not file.name.endswith(".index.json"):
             shutil.copy2(file, out / file.name)
     inflated.config.save_pretrained(out)
-    save_file({n: t.contiguous() for n, t in inflated.state.items()}, str(out / "model.safetensors"),
+    save_tensors({n: t.contiguous() for n, t in inflated.state.items()}, out / "model.safetensors",
               metadata={"format": "pt"})
     note = {"source": str(src), "shape": shape_name, "num_parameters": inflated.num_parameters,
             "layer_at": list(inflated.layout.layer_at),

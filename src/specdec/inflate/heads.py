@@ -20,13 +20,14 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specdec.drafters.draft_vocab import TOKEN_COUNTS_FILE
 from specdec.drafters.heads.common import EARLY_EXIT, WEIGHTS_FILE, HeadSpec, fingerprint
 from specdec.errors import SpecDecError
 from specdec.inflate.layout import AxisMap, Dims, Layout, place
 from specdec.inflate.model import LAYER_AXES, inflate_layer
+from specdec.tensor_files import save_tensors
 
 _DECODER_LAYER = "decoder.model.layers.0."
 
@@ -106,7 +107,7 @@ def inflate_heads(source: str | os.PathLike[str], dest: str | os.PathLike[str], 
     new_spec = inflate_spec(spec, layout, lm_head, target_name)
     out.mkdir(parents=True, exist_ok=True)
     new_spec.save_pretrained(out)
-    save_file({n: t.contiguous() for n, t in new_state.items()}, str(out / WEIGHTS_FILE))
+    save_tensors({n: t.contiguous() for n, t in new_state.items()}, out / WEIGHTS_FILE)
     if (src / TOKEN_COUNTS_FILE).is_file():
         shutil.copy2(src / TOKEN_COUNTS_FILE, out / TOKEN_COUNTS_FILE)
     return new_spec

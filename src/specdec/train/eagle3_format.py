@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -25,6 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from specdec.drafters.heads.common import CONFIG_FILE, WEIGHTS_FILE, HeadSpec
 from specdec.drafters.heads.published import EAGLE3_ARCHITECTURE
 from specdec.drafters.heads.published_eagle import EAGLE3, PublishedEagle
+from specdec.tensor_files import save_tensors
 
 FORMATS = ("specdec", "eagle3")
 """``specdec train eagle --format``: specdec's own head folder, or the published EAGLE-3 layout."""
@@ -122,4 +122,4 @@ def save_eagle3(module: Eagle3Training, folder: Path, dtype: torch.dtype) -> Non
     tensors["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(folder / WEIGHTS_FILE))
+    save_tensors(tensors, folder / WEIGHTS_FILE)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec.errors import SpecDecError
+from specdec.tensor_files import follow_umask
 
 if TYPE_CHECKING:
     import torch
@@ -235,6 +236,7 @@ def save_model(
     gen.eos_token_id = export.config.eos_token_id
     gen.pad_token_id = export.config.pad_token_id
     export.save_pretrained(out, safe_serialization=True)
+    follow_umask(out)
     tokenizer.save_pretrained(out)
 
 

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from specdec.drafters.base import Drafter, LoadOptions, SpeculativeConfig
@@ -35,6 +35,7 @@ from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
 from specdec.models.cpu_linear import linear, pack_linears
 from specdec.sequence import Sequence
+from specdec.tensor_files import save_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -112,7 +113,7 @@ def save_heads(module: nn.Module, spec: HeadSpec, folder: str | os.PathLike[str]
     """Write ``config.json`` and the trained weights of ``module`` in ``dtype`` into ``folder``."""
     state = module.trained_state() if hasattr(module, "trained_state") else module.state_dict()
     spec.save_pretrained(folder)
-    save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}, str(Path(folder) / WEIGHTS_FILE))
+    save_tensors({k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}, Path(folder) / WEIGHTS_FILE)
 
 
 EARLY_EXIT = "early_exit"
