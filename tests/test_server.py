@@ -235,7 +235,8 @@ def test_bad_requests_get_400_in_openai_shape(spec_server):
     error = error_of(lambda: create(model="tiny", prompt="x", temperature=-1), 400)
     assert "temperature" in error["message"]
     error = error_of(lambda: create(model="tiny", prompt="x " * 400), 400)
-    assert "too long" in error["message"]
+    # the model by its served name: a client is not shown the server's folders
+    assert "too long: the context window of 'tiny' is" in error["message"] and "/" not in error["message"]
     error = error_of(lambda: create(model="tiny", prompt="x", logprobs=21), 400)
     assert "logprobs" in error["message"] and error["param"] == "logprobs"
     error = error_of(lambda: create(model="tiny", prompt=[10**6]), 400)
@@ -438,6 +439,28 @@ def test_llm_chat_equals_the_servers_chat(spec_server, offline):
         llm.chat(conversation)
     with pytest.raises(SpecDecError, match="the chat template could not render these messages: nope"):
         llm.chat(conversation, chat_template="{{ raise_exception('nope') }}")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk(spec_server, chat):
+    """vLLM's ``stream_options.continuous_usage_stats``: every chunk carries the choice's usage so far (a chat's role
+    chunk the prompt's and no completion token); the last one's equals the final usage chunk's."""
+    client = spec_server.client(KEY)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    if chat:
+        chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                     temperature=0, max_tokens=8, stream=True,
+                                                     extra_body={"stream_options": options}))
+    else:
+        chunks = list(client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=8,
+                                                stream=True, extra_body={"stream_options": options}))
+    *running, final = chunks
+    assert not final.choices and final.usage.completion_tokens >= 1
+    assert all(c.usage is not None and c.usage.prompt_tokens == final.usage.prompt_tokens for c in running)
+    counts = [c.usage.completion_tokens for c in running]
+    assert counts == sorted(counts) and counts[-1] == final.usage.completion_tokens
+    if chat:
+        assert running[0].choices[0].delta.role == "assistant" and counts[0] == 0
 
 
 def test_stop_reason_names_what_ended_the_output(spec_server, offline):

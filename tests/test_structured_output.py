@@ -258,6 +258,27 @@ def test_bad_constraints_are_400(server):
     assert "response_format" in error["param"]
 
 
+def test_structured_outputs_options_apply_to_another_fields_constraint(server, llm):
+    """As vLLM merges them: ``structured_outputs`` with options only (``disable_any_whitespace``) applies them to the
+    constraint of ``response_format`` or a ``guided_*`` field; options alone, or bad ones, are a 400 naming it."""
+    create = server.client().completions.create
+    kwargs = {"model": "tiny", "prompt": "x", "max_tokens": 24, "temperature": 0}
+    compact = create(**kwargs, extra_body={"response_format": {"type": "json_object"},
+                                           "structured_outputs": {"disable_any_whitespace": True}}).choices[0].text
+    spaced = create(**kwargs, extra_body={"response_format": {"type": "json_object"}}).choices[0].text
+    expected = [llm.generate("x", SamplingParams(temperature=0, max_tokens=24, structured_outputs={
+        "json_object": True, "disable_any_whitespace": flag}))[0].outputs[0].text for flag in (True, False)]
+    assert [compact, spaced] == expected and expected[0] != expected[1]
+    choice = create(**kwargs, extra_body={"guided_choice": ["a b", "c"],
+                                          "structured_outputs": {"disable_any_whitespace": False}}).choices[0].text
+    assert choice in ("a b", "c")
+    error = error_of(lambda: create(**kwargs, extra_body={"structured_outputs": {"disable_any_whitespace": True}}))
+    assert "takes exactly one of" in error["message"] and error["param"] == "structured_outputs"
+    error = error_of(lambda: create(**kwargs, extra_body={"guided_regex": "a+",
+                                                          "structured_outputs": {"disable_any_whitespace": 1}}))
+    assert "disable_any_whitespace" in error["message"] and error["param"] == "structured_outputs"
+
+
 def test_metrics_report_grammar_compilation(server):
     server.client().completions.create(model="tiny", prompt="x", max_tokens=4,
                                        extra_body={"guided_regex": "[a-c]{1,9}q"})

@@ -207,11 +207,12 @@ class LLM:
         return self.engine.metrics
 
     # ------------------------------------------------------------------ prompts
-    def encode_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def encode_prompt(self, prompt: Prompt, model_name: str | None = None) -> tuple[str | None, list[int]]:
         """``(text or None, token ids)`` of a prompt, validated against the model (:func:`specdec.prompts.encode`):
         a string, ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}`` (vLLM's text and tokens prompts); beside
-        ids, ``"prompt"`` is the text shown for them (echo), not tokenized."""
-        return encode(prompt, self.tokenizer, self.target, self.max_model_len)
+        ids, ``"prompt"`` is the text shown for them (echo), not tokenized. Errors name the model as
+        ``model_name`` (None: its folder or hub id)."""
+        return encode(prompt, self.tokenizer, self.target, self.max_model_len, model_name)
 
     def check_params(self, params: object) -> SamplingParams:
         """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`

@@ -13,11 +13,14 @@ from specdec.sampling import check_text
 Prompt = str | dict[str, Any]
 
 
-def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int) -> tuple[str | None, list[int]]:
+def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int,
+           model_name: str | None = None) -> tuple[str | None, list[int]]:
     """``(text or None, token ids)`` of ``prompt`` for ``target`` (its vocabulary, its context window) with
     ``tokenizer`` (None: only token-id prompts) and at most ``max_model_len - 1`` tokens, so that one remains for
     the output. Beside ids, ``"prompt"`` is the text shown for them (echo), not tokenized. A bad prompt is a
-    :class:`SpecDecError` that names what is wrong."""
+    :class:`SpecDecError` that names what is wrong, and the model as ``model_name`` (a server's served name, not
+    the folder it loaded; None: ``target.name``)."""
+    name = target.name if model_name is None else model_name
     if isinstance(prompt, dict):
         unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids"}))
         if unknown:
@@ -31,7 +34,7 @@ def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int) -> t
         if not prompt:
             raise SpecDecError("empty prompt")
         if tokenizer is None:
-            raise SpecDecError(f"model {target.name!r} has no tokenizer: pass prompts as {{'prompt_token_ids': [...]}}")
+            raise SpecDecError(f"model {name!r} has no tokenizer: pass prompts as {{'prompt_token_ids': [...]}}")
         check_text(prompt, "prompt")
         text, ids = prompt, tokenizer(prompt)["input_ids"]
     elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -40,7 +43,7 @@ def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int) -> t
             raise SpecDecError(f"a prompt's 'prompt' must be a string, got {type(text).__name__}")
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise SpecDecError("prompt_token_ids must be a list of integers")
-        check_length(len(ids), target, max_model_len)
+        check_length(len(ids), target, max_model_len, name)
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
             raise SpecDecError(f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{target.vocab_size - 1})")
@@ -50,16 +53,16 @@ def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int) -> t
                            f"{type(prompt).__name__}")
     if not ids:
         raise SpecDecError("empty prompt")
-    check_length(len(ids), target, max_model_len)
+    check_length(len(ids), target, max_model_len, name)
     return text, ids
 
 
-def check_length(num_tokens: int, target: CausalLM, max_model_len: int) -> None:
+def check_length(num_tokens: int, target: CausalLM, max_model_len: int, model_name: str) -> None:
     """A :class:`SpecDecError` when a prompt of ``num_tokens`` leaves no token of ``max_model_len`` for the output,
-    naming the limit (``max_model_len``, or the model's context window where that is the limit)."""
+    naming the limit (``max_model_len``, or the context window of model ``model_name`` where that is the limit)."""
     if num_tokens >= max_model_len:
         limit = (f"max_model_len is {max_model_len}" if max_model_len < target.max_length
-                 else f"the context window of {target.name!r} is {target.max_length} tokens")
+                 else f"the context window of {model_name!r} is {target.max_length} tokens")
         raise SpecDecError(
             f"prompt of {num_tokens} tokens is too long: {limit} (at least one token must remain for the output)")
 

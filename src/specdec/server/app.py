@@ -229,8 +229,9 @@ async def _events(submission: Submission, fields: SamplingFields, chunk, opening
     logprobs or the finish (``chunk(index, text, finish_reason, logprobs)``; ``logprobs(choice, token_ids,
     entries)`` builds the endpoint's shape), the usage chunk when asked, then ``[DONE]``."""
     try:
-        for data in opening:
-            yield _sse(data)
+        for data in opening:  # a chat's role chunks: with continuous usage, the prompt's and no completion
+            yield _sse({**data, "usage": submission.choice_usage(data["choices"][0]["index"])}
+                       if fields.continuous_usage else data)
         async for index, item in submission.updates():
             choice = submission.choices[index]
             finish = choice.finish_reason

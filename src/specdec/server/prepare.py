@@ -165,9 +165,10 @@ class Preparer:
 
     # ------------------------------------------------------------------ checks
     def _encoded(self, prompt: str | dict[str, Any], param: str) -> tuple[str | None, list[int]]:
-        """:meth:`~specdec.llm.LLM.encode_prompt`, a bad prompt a 400 naming ``param``."""
+        """:meth:`~specdec.llm.LLM.encode_prompt`, a bad prompt a 400 naming ``param`` (and the model by its served
+        name, not the folder it was loaded from)."""
         try:
-            return self.llm.encode_prompt(prompt)
+            return self.llm.encode_prompt(prompt, self.served_model_name)
         except SpecDecError as exc:
             raise APIError(400, str(exc), param=param) from None
 

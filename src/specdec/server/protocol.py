@@ -37,6 +37,7 @@ from specdec.logprobs import MAX_LOGPROBS
 from specdec.metrics import RequestMetrics
 from specdec.sampling import MAX_SEED, SamplingParams
 from specdec.structured import StructuredOutputsParams
+from specdec.structured.params import KINDS as STRUCTURED_KINDS
 
 USAGE_EXTENSION = "specdec"
 """The key under ``usage`` that carries the speculative metrics of a response: ``num_steps``,
@@ -220,33 +221,51 @@ class SamplingFields(_Strict):
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The request's structured-output constraint, from whichever of ``response_format``,
-        ``structured_outputs`` and the ``guided_*`` fields it sets (more than one is a 400)."""
+        ``structured_outputs`` and the ``guided_*`` fields it sets (more than one is a 400). A ``structured_outputs``
+        that holds only options (``disable_any_whitespace``) applies them to the constraint of another field, as
+        vLLM merges them."""
         given = self.constraint_fields()
         if len(given) > 1:
             raise APIError(400, f"a request takes one structured-output constraint, got {', '.join(given)}",
                            param=given[0])
+        options = self.structured_outputs if given and given[0] != "structured_outputs" else None
         if not given:
-            return None
+            if self.structured_outputs is None:
+                return None
+            given = ["structured_outputs"]  # options alone: refused below, naming the constraints it may take
         name, fmt = given[0], self.response_format
         try:
             if name == "structured_outputs":
                 return StructuredOutputsParams.from_dict(self.structured_outputs)
             if name != "response_format":
-                return StructuredOutputsParams(**{dict(GUIDED_FIELDS)[name]: getattr(self, name)})
-            if fmt.type == "json_object":
-                return StructuredOutputsParams(json_object=True)
-            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                constraint = {dict(GUIDED_FIELDS)[name]: getattr(self, name)}
+            elif fmt.type == "json_object":
+                constraint = {"json_object": True}
+            elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError(400, "response_format of type 'json_schema' needs json_schema.schema",
                                param="response_format.json_schema")
-            return StructuredOutputsParams(json=fmt.json_schema.schema_)
+            else:
+                constraint = {"json": fmt.json_schema.schema_}
         except SpecDecError as exc:  # named by the field that carries it
+            raise APIError(400, str(exc), param=name) from None
+        try:
+            if options is not None:  # the options alone first, so that their error names their field
+                StructuredOutputsParams.from_dict({**options, "json_object": True})
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="structured_outputs") from None
+        try:
+            return StructuredOutputsParams.from_dict({**(options or {}), **constraint})
+        except SpecDecError as exc:
             raise APIError(400, str(exc), param=name) from None
 
     def constraint_fields(self) -> list[str]:
-        """The fields that carry a structured-output constraint (a request may set one)."""
+        """The fields that carry a structured-output constraint (a request may set one); a ``structured_outputs``
+        without a constraint kind holds options only."""
         names = ["response_format"] if self.response_format is not None and self.response_format.type != "text" else []
-        return names + [name for name in ("structured_outputs", *(g for g, _ in GUIDED_FIELDS))
-                        if getattr(self, name) is not None]
+        carried = self.structured_outputs is not None and any(self.structured_outputs.get(k) not in (None, False)
+                                                              for k in STRUCTURED_KINDS)
+        return names + (["structured_outputs"] if carried else []) + [
+            name for name, _ in GUIDED_FIELDS if getattr(self, name) is not None]
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingFields:
