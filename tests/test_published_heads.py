@@ -492,6 +492,7 @@ def test_the_method_is_inferred_from_the_model_as_vllm_does(tmp_path, model_dirs
         return SpeculativeConfig.from_dict({"model": model, "num_speculative_tokens": 2}).method
 
     assert method(str(HEADS_DIR / "eagle")) == "eagle" and method(HEADS_DIR / "medusa") == "medusa"
+    assert method(str(HEADS_DIR / "early_exit")) == "layer_skip"  # the trained form of layer_skip
     assert method(str(model_dirs["llama"]["truncated"])) == "draft_model"
     assert method("some-org/some-draft") == "draft_model" and method(build_model("llama", seed=3)) == "draft_model"
     for name, config in (("e3", {"architectures": ["LlamaForCausalLMEagle3"]}), ("m", {"medusa_num_heads": 3})):
@@ -512,3 +513,15 @@ def test_the_method_is_inferred_from_the_model_as_vllm_does(tmp_path, model_dirs
     assert inferred.speculative_config.method == "eagle"
     assert inferred.generate("def add(a, b):", params)[0].outputs[0].token_ids == named.generate(
         "def add(a, b):", params)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("heads, method", [("eagle", "eagle"), ("medusa", "medusa"), ("early_exit", "layer_skip")])
+def test_the_cli_infers_the_method_of_a_speculative_model_folder(heads, method, capsys):
+    """``--speculative-model`` without ``--speculative-method`` runs the method its folder means, as a
+    ``speculative_config`` without a method does (it was handed to draft_model, which could not load it)."""
+    from specdec.cli import main
+    from specdec.drafters.heads.common import HEADS_DIR
+
+    assert main(["generate", "def f(x):", "--speculative-model", str(HEADS_DIR / heads), "--max-tokens", "4",
+                 "--temperature", "0", "--warmup", "0"]) == 0
+    assert f"({method}, k=4)" in capsys.readouterr().err

@@ -119,9 +119,10 @@ def add_model_flags(p: argparse.ArgumentParser, dtype_default: str = "auto", mem
     p.add_argument("--speculative-model", "--draft-model", dest="speculative_model",
                    help="draft model folder or hub id (for methods that need one, such as draft_model)")
     p.add_argument("--speculative-method", choices=LazyChoices(_method_names), metavar="METHOD",
-                   help=f"drafting method: %(choices)s (default: {DEFAULT_WITH_DRAFT} when a draft model is known, "
-                   f"else {PLAIN}); auto chooses per request among {', '.join(AUTO_CANDIDATES)} (and draft_model "
-                   "when a draft model is known)")
+                   help=f"drafting method: %(choices)s (default: the one the --speculative-model folder means, a "
+                   f"heads folder's own method, else {DEFAULT_WITH_DRAFT}; without --model, {DEFAULT_WITH_DRAFT} "
+                   f"with the embedded draft; else {PLAIN}); auto chooses per request among "
+                   f"{', '.join(AUTO_CANDIDATES)} (and draft_model when a draft model is known)")
     p.add_argument("--speculative-config", metavar="JSON",
                    help="the Python API's speculative_config dict as JSON, instead of the other speculative flags "
                    "(e.g. method auto and its candidates); with no --model, a draft_model config or candidate "
@@ -207,11 +208,13 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
     """(target, draft or None, method) from the flags and the embedded default pair."""
     from specdec.assets import require_default_pair
     from specdec.drafters import DRAFTERS
+    from specdec.drafters.method_of import method_of
 
     if getattr(args, "speculative_config", None) is not None:
         model, spec = speculative_config_json(args)
         draft = spec.get("model")
-        return model, draft if isinstance(draft, str) else None, str(spec.get("method"))
+        draft = draft if isinstance(draft, str) else None
+        return model, draft, str(spec.get("method") or method_of(draft))
     model, draft, method = args.model, args.speculative_model, args.speculative_method
     kind = DRAFTERS[method] if method not in (None, PLAIN) else None
     takes_pair_draft = method is None or (kind is not None and (kind.draft_lm or kind.composite))
@@ -220,8 +223,8 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str]:
         model = str(pair[0])
         if draft is None and takes_pair_draft:
             draft = str(pair[1])
-    if method is None:
-        method = DEFAULT_WITH_DRAFT if draft else PLAIN
+    if method is None:  # what the draft's folder means (a heads folder's method), as a config without a method
+        method = method_of(draft) if draft else PLAIN
     if method != PLAIN and DRAFTERS[method].needs_model:
         if not draft:
             raise SpecDecError(f"--speculative-method {method} needs --speculative-model "

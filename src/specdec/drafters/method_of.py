@@ -1,7 +1,8 @@
 """The drafting method a ``speculative_config`` without a ``"method"`` means, read from its ``model`` (vLLM infers
 it too, from the model's name):
 
-- a folder of heads trained by specdec: the method its ``config.json`` names;
+- a folder of heads trained by specdec: the method its ``config.json`` names (an early-exit adapter's:
+  ``layer_skip``, whose trained form it is);
 - a published EAGLE-3 head (``architectures: ["LlamaForCausalLMEagle3"]``): ``eagle3``;
 - a published Medusa folder (``medusa_num_heads`` in its config): ``medusa``;
 - anything else (a draft model's folder, a hub id, a loaded model): ``draft_model``.
@@ -18,6 +19,8 @@ from specdec.errors import SpecDecError
 
 CONFIG_FILE = "config.json"  # specdec.drafters.heads.common's, read here before any head module loads
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+HEAD_METHODS = {"early_exit": "layer_skip"}
+"""A heads folder's ``method`` -> the drafting method that runs it, where the two names differ."""
 
 
 def method_of(model: Any) -> str:
@@ -31,7 +34,7 @@ def method_of(model: Any) -> str:
     if not isinstance(config, dict):
         return "draft_model"
     if "target_fingerprint" in config and isinstance(config.get("method"), str):
-        return config["method"]
+        return HEAD_METHODS.get(config["method"], config["method"])
     if EAGLE3_ARCHITECTURE in (config.get("architectures") or []):
         return "eagle3"
     if "medusa_num_heads" in config:
