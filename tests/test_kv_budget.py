@@ -158,3 +158,18 @@ def test_the_budget_is_fixed_by_its_first_call(target, pinned):
 def test_this_machines_memory_is_read():
     total, in_use = device_memory(torch.device("cpu"))
     assert total > in_use > 0
+
+
+def test_the_pool_is_described_however_it_was_sized(target):
+    """``kv_cache_description`` says how the target's pool was sized: room for every slot full by default, or the
+    tokens a ``kv_cache_memory`` size holds (the share's own line is checked above); None on transformers' forward."""
+    default = LLM(target, dtype="float64", backend="fast", max_model_len=100, max_num_seqs=3)
+    blocks = 3 * -(-100 // BLOCK_SIZE)
+    assert default.engine.cache.num_blocks == blocks
+    assert default.kv_cache_description.startswith(
+        f"the KV cache holds {blocks * BLOCK_SIZE} tokens ({blocks} blocks of {BLOCK_SIZE}, ")
+    assert "room for max_num_seqs 3 sequences of max_model_len 100" in default.kv_cache_description
+    sized = _llm(target, kv_cache_memory="1MiB")
+    tokens = (1 << 20) // (sized.target.kv_bytes_per_token() * BLOCK_SIZE) * BLOCK_SIZE
+    assert sized.kv_cache_description.startswith(f"kv_cache_memory 1MiB: the KV cache holds {tokens} tokens")
+    assert LLM(target, dtype="float64", backend="hf", max_model_len=128).kv_cache_description is None

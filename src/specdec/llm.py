@@ -97,8 +97,8 @@ class LLM:
     while blocks are free and the least advanced one is preempted (recomputed later) when they run out.
     ``gpu_memory_utilization``: instead, the share of the device's memory (a GPU's; on a CPU, the machine's)
     that the weights, the KV pools and a step's activations take together, as vLLM's; the pools get what the
-    loaded weights and an estimate of a step leave (:mod:`specdec.models.kv_budget`; ``kv_cache_description``
-    says how it was spent).
+    loaded weights and an estimate of a step leave (:mod:`specdec.models.kv_budget`). ``kv_cache_description``
+    says in a line how the target's pool was sized, however it was (None on transformers' forward).
     ``enable_prefix_caching``: reuse the KV blocks of earlier prompts' and outputs' common prefixes
     (exact: outputs are the same with it or without it; see ``docs/serving.md``). ``deterministic``: the
     target computes every row with batch-invariant kernels (:mod:`specdec.models.deterministic`; fast
@@ -177,13 +177,13 @@ class LLM:
         # With prefix caching, the target's hidden states a drafter reads are kept beside the blocks.
         features = len(drafter.hidden_layers) if drafter is not None and enable_prefix_caching else 0
         num_blocks = budget.blocks(feature_bytes_per_token(self.target, features))
-        self.kv_cache_description = budget.description
         policy = (make_policy(speculative_config.num_speculative_tokens, k, self.target.pads_rows,
                               speculative_config.num_speculative_tokens_per_batch_size,
                               speculative_config.max_step_time_ratio)
                   if speculative_config else None)
         self.engine = Engine(self.target, drafter, k, max_num_seqs, self.max_model_len, policy, num_blocks,
                              enable_prefix_caching, deterministic)
+        self.kv_cache_description = budget.describe(self.engine.cache.num_blocks, max_num_seqs)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens, self.prefill_share)
         self._eos_ids = frozenset(eos_token_ids(self.tokenizer, self.target))
         self._seeds = random.Random(seed)

@@ -148,6 +148,19 @@ class KVBudget:
                             else self._of_share(extra_bytes_per_token))
         return self._blocks
 
+    def describe(self, num_blocks: int, num_slots: int) -> str | None:
+        """How the target's pool of ``num_blocks`` blocks was sized, in a line (None on a backend that does not page
+        its pool): from the share (as :meth:`blocks` spent it), from ``kv_cache_memory``, or room for ``num_slots``
+        full sequences."""
+        if self.description is not None or self.per_token is None:
+            return self.description
+        size = f"{num_blocks * BLOCK_SIZE} tokens ({num_blocks} blocks of {BLOCK_SIZE}, " \
+               f"{num_blocks * BLOCK_SIZE * self.per_token / GIB:.2f} GiB)"
+        if self.memory is not None:
+            return f"kv_cache_memory {self.given}: the KV cache holds {size}"
+        return (f"the KV cache holds {size}: room for max_num_seqs {num_slots} sequences of max_model_len "
+                f"{self.max_model_len} (kv_cache_memory or gpu_memory_utilization size it instead)")
+
     def _of_size(self) -> int:
         blocks = self.memory // (self.per_token * BLOCK_SIZE)
         if blocks * BLOCK_SIZE < self.max_model_len:
