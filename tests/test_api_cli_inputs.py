@@ -103,6 +103,9 @@ def test_a_prompts_file_line_with_both_text_and_ids(tmp_path, capsys):
     path.write_text(json.dumps({"prompt": "a", "prompt_token_ids": [1]}) + "\n")
     assert main(["generate", "--prompts-file", str(path), "--speculative-method", "none"]) == 2
     assert "prompts.jsonl:1: give 'prompt' or 'prompt_token_ids', not both" in capsys.readouterr().err
+    path.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "max_tokens": 3}) + "\n")
+    assert main(["generate", "--prompts-file", str(path), "--speculative-method", "none"]) == 2
+    assert "prompts.jsonl:2: unknown key 'max_tokens': a line takes 'prompt'" in capsys.readouterr().err
 
 
 def test_a_config_declaring_more_layers_than_its_weights_hold(folder, tmp_path):

@@ -249,6 +249,10 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
         raise SpecDecError("give either a PROMPT or --prompts-file, not both")
     prompts = []
     for line, item in read_jsonl(args.prompts_file, "prompts file"):
+        unknown = sorted(set(item) - {"prompt", "prompt_token_ids"})
+        if unknown:  # as the Python API's prompt dicts: a setting here would be silently ignored
+            raise SpecDecError(f"{args.prompts_file}:{line}: unknown key {unknown[0]!r}: a line takes 'prompt' or "
+                               f"'prompt_token_ids' (sampling settings are flags, such as --max-tokens)")
         if "prompt_token_ids" in item and "prompt" in item:
             raise SpecDecError(f"{args.prompts_file}:{line}: give 'prompt' or 'prompt_token_ids', not both")
         if "prompt_token_ids" in item:
