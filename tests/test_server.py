@@ -441,6 +441,39 @@ def test_llm_chat_equals_the_servers_chat(spec_server, offline):
         llm.chat(conversation, chat_template="{{ raise_exception('nope') }}")
 
 
+def test_chat_continues_a_final_message_and_takes_template_variables(spec_server, offline):
+    """vLLM's ``continue_final_message`` (the assistant's last message left open) and ``chat_template_kwargs``
+    (more template variables), in ``LLM.chat`` and the server's chat endpoint alike; their misuses are errors."""
+    llm, client = offline[SPEC], spec_server.client(KEY)
+    started = [{"role": "user", "content": "def f(x):"}, {"role": "assistant", "content": "return"}]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    out = llm.chat(started, params, chat_template=TEMPLATE, add_generation_prompt=False,
+                   continue_final_message=True)[0]
+    assert out.prompt == "<user> def f(x):\n<assistant> return"
+    served = client.chat.completions.create(model="tiny", messages=started, temperature=0, max_tokens=6, extra_body={
+        "add_generation_prompt": False, "continue_final_message": True})
+    assert served.choices[0].message.content == out.outputs[0].text
+    greeting = TEMPLATE + "{% if greet %}hello {% endif %}"
+    asked = [{"role": "user", "content": "x"}]
+    greeted = llm.chat(asked, params, chat_template=greeting, chat_template_kwargs={"greet": True})[0]
+    assert greeted.prompt == "<user> x\n<assistant> hello "
+    assert llm.chat(asked, params, chat_template=greeting)[0].prompt == "<user> x\n<assistant> "
+    for kwargs, words in [({"continue_final_message": True}, "set add_generation_prompt to false"),
+                          ({"chat_template_kwargs": {"tokenize": True}}, "cannot set 'tokenize'"),
+                          ({"chat_template_kwargs": ["greet"]}, "chat_template_kwargs must be an object"),
+                          ({"tools": [{"type": "function"}]}, "tools is not supported by specdec")]:
+        with pytest.raises(SpecDecError, match=words):
+            llm.chat(started, params, chat_template=TEMPLATE, **kwargs)
+    with pytest.raises(SpecDecError, match="which is the user's: it must be the assistant's"):
+        llm.chat(asked, params, chat_template=TEMPLATE, add_generation_prompt=False, continue_final_message=True)
+    error = error_of(lambda: client.chat.completions.create(model="tiny", messages=started, extra_body={
+        "continue_final_message": True}), 400)
+    assert error["param"] == "continue_final_message" and "add_generation_prompt" in error["message"]
+    error = error_of(lambda: client.chat.completions.create(model="tiny", messages=started, extra_body={
+        "chat_template_kwargs": {"add_generation_prompt": False}}), 400)
+    assert error["param"] == "chat_template_kwargs"
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk(spec_server, chat):
     """vLLM's ``stream_options.continuous_usage_stats``: every chunk carries the choice's usage so far (a chat's role

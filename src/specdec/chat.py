@@ -40,14 +40,41 @@ def has_template(tokenizer, chat_template: str | None) -> bool:
     return tokenizer is not None and (chat_template is not None or bool(getattr(tokenizer, "chat_template", None)))
 
 
+RENDER_ARGUMENTS = frozenset({"conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                              "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                              "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""transformers' ``apply_chat_template`` arguments: not template variables, so not ``template_kwargs`` keys."""
+
+
 def render(tokenizer, conversation: list[dict[str, str]], chat_template: str | None = None,
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, continue_final_message: bool = False,
+           template_kwargs: dict[str, Any] | None = None) -> str:
     """The text of ``conversation`` under ``chat_template`` (None: the tokenizer's own), with the assistant's
-    turn opened when ``add_generation_prompt``; a template that fails (its own ``raise_exception``, a bug) is a
-    :class:`SpecDecError` with its message."""
+    turn opened when ``add_generation_prompt``, or its last message left open to be continued when
+    ``continue_final_message`` (vLLM's names); ``template_kwargs`` are more variables for the template (vLLM's
+    ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``). Bad arguments, and a template that fails (its
+    own ``raise_exception``, a bug), are a :class:`SpecDecError` with the reason."""
+    for name, flag in (("add_generation_prompt", add_generation_prompt),
+                       ("continue_final_message", continue_final_message)):
+        if not isinstance(flag, bool):
+            raise SpecDecError(f"{name} must be true or false, got {flag!r:.80}")
+    if add_generation_prompt and continue_final_message:
+        raise SpecDecError("continue_final_message continues the last message, and add_generation_prompt opens a new "
+                           "one: set add_generation_prompt to false")
+    if continue_final_message and conversation[-1]["role"] != "assistant":
+        raise SpecDecError(f"continue_final_message continues the last message, which is the "
+                           f"{conversation[-1]['role']}'s: it must be the assistant's")
+    template_kwargs = {} if template_kwargs is None else template_kwargs
+    if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
+        raise SpecDecError(f"chat_template_kwargs must be an object of template variables, got {template_kwargs!r:.80}")
+    taken = sorted(RENDER_ARGUMENTS & set(template_kwargs))
+    if taken:
+        raise SpecDecError(f"chat_template_kwargs cannot set {taken[0]!r}: it is an argument of the rendering, not a "
+                           "template variable")
     try:
         return tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message, **template_kwargs)
     except Exception as exc:
         raise SpecDecError(f"the chat template could not render these messages: {exc}") from None
 

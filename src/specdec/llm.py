@@ -470,12 +470,19 @@ class LLM:
         lora_request: None = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: None = None,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: :meth:`generate` for one conversation (a list of ``{"role", "content"}``
         messages) or a list of them, each rendered by ``chat_template`` (None: the tokenizer's own) with the
-        assistant's turn opened (``add_generation_prompt``); see :mod:`specdec.chat`."""
-        if not isinstance(chat_template, (str, type(None))) or not isinstance(add_generation_prompt, bool):
-            raise SpecDecError("chat_template must be a string or None and add_generation_prompt True or False")
+        assistant's turn opened (``add_generation_prompt``), or its last message continued
+        (``continue_final_message``); ``chat_template_kwargs``: more template variables. ``tools`` (vLLM's): only
+        None, specdec does no tool calling. See :mod:`specdec.chat`."""
+        if not isinstance(chat_template, (str, type(None))):
+            raise SpecDecError(f"chat_template must be a string or None, got {type(chat_template).__name__}")
+        if tools is not None:
+            raise SpecDecError("tools is not supported by specdec: it does no tool calling (only None)")
         if not has_template(self.tokenizer, chat_template):
             raise SpecDecError(f"model {self.model_name!r} has no chat template: pass chat_template (a Jinja "
                                "template string)" if self.tokenizer is not None else
@@ -483,7 +490,8 @@ class LLM:
         many = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
         conversations = [conversation_of(c, f"messages[{i}]") for i, c in enumerate(messages)] if many else [
             conversation_of(messages)]
-        prompts = [chat_prompt(self.tokenizer, render(self.tokenizer, c, chat_template, add_generation_prompt))
+        prompts = [chat_prompt(self.tokenizer, render(self.tokenizer, c, chat_template, add_generation_prompt,
+                                                      continue_final_message, chat_template_kwargs))
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 

@@ -153,7 +153,7 @@ class Preparer:
         self._check_count(1, req.n)
         conversation = req.conversation()
         self._check_bytes(sum(len(m["content"].encode("utf-8")) for m in conversation), "messages")
-        prompt = self._encoded(chat_prompt(self.llm.tokenizer, self._render(conversation)), "messages")
+        prompt = self._encoded(chat_prompt(self.llm.tokenizer, self._render(req, conversation)), "messages")
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
         elif req.max_tokens is not None:
@@ -205,10 +205,14 @@ class Preparer:
                                 f"maximum length is {limit} tokens: at most {limit - longest} can be generated",
                            param=param)
 
-    def _render(self, conversation: list[dict[str, str]]) -> str:
+    def _render(self, req: ChatRequest, conversation: list[dict[str, str]]) -> str:
         if not has_template(self.llm.tokenizer, self.chat_template):
             raise APIError(400, NO_TEMPLATE.format(name=self.served_model_name), param="messages")
         try:
-            return render(self.llm.tokenizer, conversation, self.chat_template)
-        except SpecDecError as exc:  # a template's own raise_exception(), or a template bug
-            raise APIError(400, str(exc), param="messages") from None
+            return render(self.llm.tokenizer, conversation, self.chat_template, req.add_generation_prompt,
+                          req.continue_final_message, req.chat_template_kwargs)
+        except SpecDecError as exc:  # bad rendering arguments, a template's own raise_exception(), a template bug
+            text = str(exc)
+            param = next((name for name in ("continue_final_message", "chat_template_kwargs")
+                          if text.startswith(name)), "messages")
+            raise APIError(400, text, param=param) from None

@@ -367,6 +367,9 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,)}
 
