@@ -135,8 +135,9 @@ OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "
 
 
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
-                                        (CHAT, ["max_tokens", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
-                                               "continue_final_message", "chat_template_kwargs"])])
+                                        (CHAT, ["max_tokens", "max_completion_tokens", "top_logprobs",
+                                                "add_generation_prompt", "continue_final_message",
+                                                "chat_template_kwargs"])])
 def test_null_is_the_default_of_every_optional_field(served, route, own):
     """The ``openai`` client sends ``null`` for an argument passed as ``None``: it means the field's default, as in
     OpenAI's API (it was a 400)."""
