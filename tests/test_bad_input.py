@@ -85,6 +85,28 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
         SamplingParams(*range(14))
 
 
+def test_vllms_neutral_llm_arguments_are_accepted_and_others_named(model_dirs):
+    """``LLM(...)`` and ``speculative_config`` take vLLM's arguments that change nothing here at their neutral values
+    (``trust_remote_code`` either way: no checkpoint code runs); any other value, a misspelt argument or too many
+    positional ones is a SpecDecError naming it (a bare ``TypeError`` before)."""
+    target, draft = model_dirs["llama"]["target"], model_dirs["llama"]["same"]
+    llm = LLM(target, dtype="float64", tensor_parallel_size=1, pipeline_parallel_size=1, trust_remote_code=True,
+              swap_space=16, disable_log_stats=True, quantization=None, block_size=16,
+              speculative_config={"model": str(draft), "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})
+    assert llm.speculative_config.method == "draft_model"
+    for kwargs, words in [({"tensor_parallel_size": 2}, "tensor_parallel_size is not supported by specdec: only 1 is "
+                                                        "accepted, got 2 (one device per LLM; `specdec serve --replicas"),
+                          ({"quantization": "awq"}, "quantization is not supported by specdec: only None"),
+                          ({"max_num_seq": 8}, "LLM has no argument 'max_num_seq'; did you mean 'max_num_seqs'?"),
+                          ({"speculative_config": {"model": str(draft), "draft_tensor_parallel_size": 2}},
+                           "speculative_config 'draft_tensor_parallel_size' is not supported by specdec: only None "
+                           "or 1")]:
+        with pytest.raises(SpecDecError, match=re.escape(words)):
+            LLM(target, dtype="float64", **kwargs)
+    with pytest.raises(SpecDecError, match="LLM takes at most 18 positional arguments"):
+        LLM(*range(19))
+
+
 def test_max_tokens_none_generates_what_the_context_leaves(llm):
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=None,
                                                                        ignore_eos=True))[0].outputs[0]

@@ -43,6 +43,7 @@ from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
 from specdec.text import TextTracker, TokenTexts
+from specdec.vllm_names import ANY, VLLMNames
 
 
 @dataclass(eq=False)
@@ -66,7 +67,21 @@ tokens of cache (256 GiB for an 8B Llama in bf16); 8192 holds a long chat turn o
 its answer (16 GiB there at 16 slots). Pass ``max_model_len`` for more."""
 
 
-class LLM:
+VLLM_NEUTRAL = {
+    "tensor_parallel_size": (1,), "pipeline_parallel_size": (1,), "data_parallel_size": (1,),
+    "trust_remote_code": (False, True), "revision": (None,), "tokenizer_revision": (None,), "code_revision": (None,),
+    "tokenizer_mode": ("auto",), "skip_tokenizer_init": (False,), "quantization": (None,), "download_dir": (None,),
+    "load_format": ("auto",), "kv_cache_dtype": ("auto",), "block_size": (None, 16), "cpu_offload_gb": (0, 0.0),
+    "enable_lora": (False,), "distributed_executor_backend": (None,), "compilation_config": (None,),
+    "hf_overrides": (None,), "swap_space": ANY, "disable_log_stats": ANY, "disable_custom_all_reduce": ANY,
+    "max_seq_len_to_capture": ANY,
+}
+"""vLLM's ``LLM`` arguments that specdec does not implement, with the values that change nothing here (``ANY``: every
+value): given so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them.
+``trust_remote_code`` is accepted either way: specdec never runs a checkpoint's own code."""
+
+
+class LLM(metaclass=VLLMNames):
     """A target model, an optional drafter, and the scheduler and engine that run them.
 
     ``model``: a local folder, a hub id or a loaded ``PreTrainedModel``. ``tokenizer``
@@ -108,6 +123,11 @@ class LLM:
     samples with that seed, whatever the method drafted; a target that cannot run so raises
     :class:`SpecDecError`.
     """
+
+    vllm_names = (VLLM_NEUTRAL, {
+        "tensor_parallel_size": " (one device per LLM; `specdec serve --replicas N` runs copies side by side)",
+        "pipeline_parallel_size": " (one device per LLM; `specdec serve --replicas N` runs copies side by side)",
+        "block_size": " (the paged pool's blocks are 16 tokens)"}, "argument")
 
     def __init__(
         self,

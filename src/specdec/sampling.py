@@ -7,9 +7,8 @@ decoding samples from, with temperature, top-k, top-p and min-p applied identica
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from specdec.argmax import argmax
 from specdec.errors import SpecDecError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.structured.params import StructuredOutputsParams
+from specdec.vllm_names import VLLMNames
 
 if TYPE_CHECKING:
     from specdec.structured.state import GrammarState
@@ -75,35 +75,8 @@ VLLM_NEUTRAL = {
 so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
 
 
-class _VLLMNames(type):
-    """Constructs :class:`SamplingParams` with vLLM's neutral fields dropped, and any other unknown keyword a
-    :class:`SpecDecError` that names it (where a dataclass raises a bare ``TypeError``)."""
-
-    def __call__(cls, *args, **kwargs):
-        own = [f.name for f in fields(cls) if f.init]
-        if len(args) > len(own):
-            raise SpecDecError(f"SamplingParams takes at most {len(own)} positional arguments ({', '.join(own)}), "
-                               f"got {len(args)}")
-        for name in [name for name in kwargs if name not in own]:
-            value = kwargs.pop(name)
-            if name in VLLM_NEUTRAL:
-                if any(value is v or (type(value) is type(v) and value == v) or (
-                        isinstance(v, (list, dict)) and isinstance(value, (list, tuple, dict)) and not value)
-                       for v in VLLM_NEUTRAL[name]):
-                    continue
-                neutral = " or ".join(repr(v) for v in VLLM_NEUTRAL[name])
-                why = (" (one output per prompt: pass the prompt again with another seed; the server takes n)"
-                       if name == "n" else "")
-                raise SpecDecError(f"{name} is not supported by specdec: only {neutral} is accepted, got "
-                                   f"{value!r}{why}")
-            close = difflib.get_close_matches(name, own, n=1)
-            raise SpecDecError(f"SamplingParams has no field {name!r}"
-                               + (f"; did you mean {close[0]!r}?" if close else f" (its fields: {', '.join(own)})"))
-        return super().__call__(*args, **kwargs)
-
-
 @dataclass(frozen=True)
-class SamplingParams(metaclass=_VLLMNames):
+class SamplingParams(metaclass=VLLMNames):
     """How one request samples and when it stops (vLLM's names and defaults). Immutable: every
     field is validated once, at construction (``dataclasses.replace`` builds a new, validated one).
 
@@ -140,6 +113,8 @@ class SamplingParams(metaclass=_VLLMNames):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    vllm_names = (VLLM_NEUTRAL, {"n": " (one output per prompt: pass the prompt again with another seed; the server "
+                                      "takes n)"}, "field")  # not a field: no annotation
 
     def __post_init__(self) -> None:
         if not _is_number(self.temperature):

@@ -29,6 +29,7 @@ from specdec.models.kv_budget import KVBudget
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
+from specdec.vllm_names import is_neutral
 
 MAX_SPECULATIVE_TOKENS = 64
 MAX_CANDIDATES = 16
@@ -181,6 +182,12 @@ class SpeculativeConfig:
         if not isinstance(data, dict):
             raise SpecDecError(f"speculative_config must be a dict, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
+        for name, neutrals in VLLM_NEUTRAL.items():  # vLLM's keys that change nothing here, at their neutral values
+            if name in data:
+                if not is_neutral(data[name], neutrals):
+                    raise SpecDecError(f"speculative_config {name!r} is not supported by specdec: only "
+                                       f"{' or '.join(map(repr, neutrals))} is accepted, got {data[name]!r:.80}")
+                data = {k: v for k, v in data.items() if k != name}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}")
@@ -191,6 +198,10 @@ class SpeculativeConfig:
 
             data = {**data, "method": method_of(data["model"])}
         return cls(**data)
+
+
+VLLM_NEUTRAL = {"draft_tensor_parallel_size": (None, 1)}
+"""vLLM's ``speculative_config`` keys that specdec does not implement, with the values that change nothing here."""
 
 
 @dataclass

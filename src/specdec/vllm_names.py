@@ -1,0 +1,66 @@
+"""vLLM's keyword names that specdec does not implement, accepted where their value changes nothing, so that code
+written for vLLM runs; any other value is a :class:`SpecDecError` that names it, and an unknown name one that
+suggests the closest known name (where Python raises a bare ``TypeError``).
+
+A table maps each name to the values that change nothing here (``ANY``: every value, for a name whose setting
+only tunes what specdec does another way, such as vLLM's CPU swap space)."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from specdec.errors import SpecDecError
+
+ANY = None
+"""A table entry: every value of the name changes nothing here."""
+
+
+def is_neutral(value: Any, neutrals: tuple[Any, ...] | None) -> bool:
+    """Whether ``value`` is one of ``neutrals`` (a bool equals only a bool; an empty list, tuple or dict matches
+    an empty container), or ``neutrals`` is :data:`ANY`."""
+    if neutrals is ANY:
+        return True
+    return any(value is v or (type(value) is type(v) and value == v) or (
+        isinstance(v, (list, dict)) and isinstance(value, (list, tuple, dict)) and not value) for v in neutrals)
+
+
+def drop_neutral(owner: str, given: dict[str, Any], own: Iterable[str], table: dict[str, tuple[Any, ...] | None],
+                 hints: dict[str, str] | None = None, noun: str = "argument") -> dict[str, Any]:
+    """``given`` (keyword arguments of ``owner``) without the names of ``table`` at a neutral value. A name of
+    ``table`` at another value is a :class:`SpecDecError` that names the values accepted (and ``hints[name]``, a
+    parenthesis saying what to do instead); a name neither in ``own`` nor in ``table``, one that suggests the
+    closest of ``own`` (``noun``: what ``owner`` calls its names)."""
+    own = list(own)
+    kept = {}
+    for name, value in given.items():
+        if name in own:
+            kept[name] = value
+        elif name in table:
+            if not is_neutral(value, table[name]):
+                neutral = " or ".join(repr(v) for v in table[name])
+                raise SpecDecError(f"{name} is not supported by specdec: only {neutral} is accepted, got "
+                                   f"{value!r:.80}{(hints or {}).get(name, '')}")
+        else:
+            close = difflib.get_close_matches(name, own, n=1)
+            raise SpecDecError(f"{owner} has no {noun} {name!r}"
+                               + (f"; did you mean {close[0]!r}?" if close else f" (its {noun}s: {', '.join(own)})"))
+    return kept
+
+
+class VLLMNames(type):
+    """A metaclass: the class's constructor takes vLLM's names of its table ``cls.vllm_names``, a
+    ``(table, hints, noun)`` (see :func:`drop_neutral`), and too many positional arguments are a
+    :class:`SpecDecError` too."""
+
+    def __call__(cls, *args, **kwargs):
+        table, hints, noun = cls.vllm_names
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        own = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+        if len(args) > len(positional):
+            raise SpecDecError(f"{cls.__name__} takes at most {len(positional)} positional arguments "
+                               f"({', '.join(positional)}), got {len(args)}")
+        return super().__call__(*args, **drop_neutral(cls.__name__, kwargs, own, table, hints, noun))
