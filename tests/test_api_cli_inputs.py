@@ -2,6 +2,7 @@
 flags a command would drop are an error (exit 2, one line) rather than ignored."""
 
 import json
+import re
 
 import pytest
 from helpers import build_model
@@ -91,11 +92,34 @@ def test_max_num_speculative_tokens_needs_auto():
      "--num-speculative-tokens sets drafting, and this runs plain decoding"),
     (["--speculative-method", "none", "--max-step-time-ratio", "1.2"], "--max-step-time-ratio sets drafting"),
     (["--max-num-speculative-tokens", "2"], "max_num_speculative_tokens is the largest k"),
+    (["--speculative-method", "ngram", "--draft-dtype", "float16"],
+     "--draft-dtype applies to draft_model, and this runs ngram"),
+    (["--speculative-method", "draft_model", "--prompt-lookup-max", "5"],
+     "--prompt-lookup-max applies to ngram, and this runs draft_model"),
 ])
 def test_drafting_flags_a_command_would_drop_are_an_error(capsys, flags, message):
     assert main(["generate", "def f():", "--max-tokens", "2", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"method": "draft_model", "model": "x", "early_exit": True}, "'draft_model' takes no 'early_exit' (it is read by "
+                                                                  "layer_skip)"),
+    ({"method": "ngram", "dtype": "float16"}, "'ngram' takes no 'dtype' (it is read by draft_model)"),
+    ({"method": "eagle", "lookahead_window": 5}, "'eagle' takes no 'lookahead_window' (it is read by lookahead)"),
+    ({"method": "suffix", "prompt_lookup_max": 5}, "'suffix' takes no 'prompt_lookup_max' (it is read by ngram)"),
+    ({"method": "auto", "candidates": [{"method": "ngram", "suffix_factor": 2.0}]},
+     "auto candidate 0: speculative method 'ngram' takes no 'suffix_factor' (it is read by suffix)"),
+])
+def test_a_method_refuses_the_fields_only_other_methods_read(config, words):
+    """A field set for a method that does not read it would change nothing: refused by name, with its readers."""
+    with pytest.raises(SpecDecError, match=re.escape(words)):
+        SpeculativeConfig.from_dict(config)
+    if "candidates" not in config:  # at their defaults, every method takes them (the CLI passes them so)
+        defaults = {k: v for k, v in config.items() if k in ("method", "model")}
+        assert SpeculativeConfig.from_dict({**defaults, "prompt_lookup_max": 3, "dtype": None}).method == config[
+            "method"]
 
 
 def test_a_prompts_file_line_with_both_text_and_ids(tmp_path, capsys):

@@ -94,8 +94,8 @@ def test_vllms_neutral_llm_arguments_are_accepted_and_others_named(model_dirs):
               swap_space=16, disable_log_stats=True, quantization=None, block_size=16,
               speculative_config={"model": str(draft), "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})
     assert llm.speculative_config.method == "draft_model"
-    for kwargs, words in [({"tensor_parallel_size": 2}, "tensor_parallel_size is not supported by specdec: only 1 is "
-                                                        "accepted, got 2 (one device per LLM; `specdec serve --replicas"),
+    for kwargs, words in [({"tensor_parallel_size": 2}, "tensor_parallel_size is not supported by specdec: only 1 "
+                                                        "is accepted, got 2 (one device per LLM; `specdec serve"),
                           ({"quantization": "awq"}, "quantization is not supported by specdec: only None"),
                           ({"max_num_seq": 8}, "LLM has no argument 'max_num_seq'; did you mean 'max_num_seqs'?"),
                           ({"speculative_config": {"model": str(draft), "draft_tensor_parallel_size": 2}},

@@ -298,8 +298,14 @@ def warm_up(llm, prompt: Any, params, calls: int) -> None:
         llm.engine.drafter.forget()
 
 
+METHOD_FLAGS = {"--speculative-dtype": "dtype", "--draft-dtype": "dtype", "--prompt-lookup-max": "prompt_lookup_max",
+                "--prompt-lookup-min": "prompt_lookup_min"}
+"""Flags that set a field only some methods read (``Drafter.reads``): refused for the others."""
+
+
 def _speculative_config(args: argparse.Namespace, draft: str | None, method: str) -> dict[str, Any] | None:
-    """The ``speculative_config`` of the flags (None for plain decoding); every method takes every field."""
+    """The ``speculative_config`` of the flags (None for plain decoding); each method (auto's candidates each) gets
+    the fields it reads, and a flag that no method run reads is an error."""
     given = getattr(args, "given", ())
     if getattr(args, "speculative_config", None) is not None:
         if given:
@@ -315,16 +321,25 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
     k = args.num_speculative_tokens
     fields = {"dtype": args.speculative_dtype, "prompt_lookup_max": args.prompt_lookup_max,
               "prompt_lookup_min": args.prompt_lookup_min}
-    if DRAFTERS[method].composite:  # auto: the draft model when one is known, and the lookup methods
+    composite = DRAFTERS[method].composite  # auto: the draft model when one is known, and the lookup methods
+    names = ([DEFAULT_WITH_DRAFT] if draft else []) + list(AUTO_CANDIDATES) if composite else [method]
+    for flag in given:  # a method's own setting given for methods that do not read it would change nothing
+        field = METHOD_FLAGS.get(flag)
+        if field is not None and not any(field in DRAFTERS[name].reads for name in names):
+            readers = sorted(name for name, kind in DRAFTERS.items() if field in kind.reads)
+            raise SpecDecError(f"{flag} applies to {', '.join(readers)}, and this runs {method}"
+                               + (f" (its candidates: {', '.join(names)})" if composite else ""))
+    if composite:
         fixed_k = args.max_num_speculative_tokens if k == "auto" else k
-        names = ([DEFAULT_WITH_DRAFT] if draft else []) + list(AUTO_CANDIDATES)
-        candidates = [{"method": name, "num_speculative_tokens": fixed_k, **fields,
+        candidates = [{"method": name, "num_speculative_tokens": fixed_k,
+                       **{key: value for key, value in fields.items() if key in DRAFTERS[name].reads},
                        **({"model": draft, "draft_confidence_threshold": args.draft_confidence_threshold}
                           if name == DEFAULT_WITH_DRAFT else {})} for name in names]
         return {"method": method, "num_speculative_tokens": k, "candidates": candidates,
                 "max_num_speculative_tokens": args.max_num_speculative_tokens,
                 "max_step_time_ratio": args.max_step_time_ratio}
-    return {"method": method, "num_speculative_tokens": k, "model": draft, **fields,
+    return {"method": method, "num_speculative_tokens": k, "model": draft,
+            **{key: value for key, value in fields.items() if key in DRAFTERS[method].reads},
             "max_num_speculative_tokens": args.max_num_speculative_tokens,
             "draft_confidence_threshold": args.draft_confidence_threshold,
             "max_step_time_ratio": args.max_step_time_ratio}

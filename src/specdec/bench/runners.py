@@ -267,16 +267,15 @@ def build_runners(
                     f"{method!r} chooses among the run's other speculative methods; add some to --methods")
             return {"method": method, "num_speculative_tokens": k, "candidates": candidates}
         model = assistant if drafter.needs_model else None
-        return {
-            "method": method,
-            "num_speculative_tokens": k,
-            "model": model,
+        read = {  # the method's own fields, where it reads them
             # The draft's dtype is the loaded draft's own, so that a shared model is never converted.
             "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
             "prompt_lookup_max": options.prompt_lookup_max,
             "prompt_lookup_min": options.prompt_lookup_min,
-            "num_candidates": candidates if drafter.tree_drafts else 1,
         }
+        return {"method": method, "num_speculative_tokens": k, "model": model,
+                **{key: value for key, value in read.items() if key in drafter.reads},
+                "num_candidates": candidates if drafter.tree_drafts else 1}
 
     runners: list[Runner] = []
     for spec in specs:

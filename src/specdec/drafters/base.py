@@ -32,6 +32,12 @@ from specdec.sequence import Sequence
 from specdec.vllm_names import is_neutral
 
 MAX_SPECULATIVE_TOKENS = 64
+METHOD_FIELDS = frozenset({"dtype", "prompt_lookup_max", "prompt_lookup_min", "suffix_cache_max_tokens",
+                           "suffix_factor", "suffix_min_prob", "skip_layers", "early_exit", "lookahead_window",
+                           "lookahead_ngram", "lookahead_guesses"})
+"""The :class:`SpeculativeConfig` fields only some methods read (``Drafter.reads``); the other method-specific fields
+(``draft_confidence_threshold``, ``num_candidates``, ``draft_vocab_size``, ``candidates``, ``stages``, ``model``)
+are checked by the drafters' own flags."""
 MAX_CANDIDATES = 16
 
 
@@ -167,7 +173,18 @@ class SpeculativeConfig:
                 except SpecDecError as exc:
                     raise SpecDecError(f"{self.method} {kind} {i}: {exc}") from None
             setattr(self, name, configs)
+        self._check_method_fields()
         DRAFTERS[self.method].check_config(self)
+
+    def _check_method_fields(self) -> None:
+        """A field of :data:`METHOD_FIELDS` set away from its default for a method that does not read it is refused
+        by name (it would change nothing), with the methods that read it."""
+        kind = DRAFTERS[self.method]
+        for f in fields(self):
+            if f.name in METHOD_FIELDS and f.name not in kind.reads and getattr(self, f.name) != f.default:
+                readers = sorted(name for name, drafter in DRAFTERS.items() if f.name in drafter.reads)
+                raise SpecDecError(f"speculative method {self.method!r} takes no {f.name!r} (it is read by "
+                                   f"{', '.join(readers)})")
 
     @property
     def max_k(self) -> int:
@@ -306,6 +323,8 @@ class Drafter(ABC):
     wants_node_argmax: ClassVar[bool] = False
     #: Whether the method can score a reduced vocabulary from its folder's token counts (``draft_vocab_size``).
     draft_vocab: ClassVar[bool] = False
+    #: The fields of :data:`METHOD_FIELDS` the method reads; another method given one of them refuses it.
+    reads: ClassVar[frozenset[str]] = frozenset()
     #: Whether the method's chain drafts are deterministic and cost microseconds (a lookup): the auto method
     #: then asks it for a draft on every step, drafted with or not, and scores it against the emitted tokens.
     shadow_drafts: ClassVar[bool] = False

@@ -40,6 +40,7 @@ class DraftLM(Drafter):
 
     method = "draft_model"
     needs_model = True
+    reads = frozenset({"dtype"})
 
     def __init__(self, model: CausalLM, num_slots: int, max_model_len: int, num_blocks: int | None = None,
                  prefix_caching: bool = False) -> None:

@@ -95,6 +95,7 @@ class LayerSkipDrafter(Drafter):
     description = ("self-speculation: the target drafts with a subset of its layers (skip set by calibration), "
                    "or an early exit with a trained adapter")
     optional_model = True
+    reads = frozenset({"skip_layers", "early_exit"})
     draft_vocab = True
 
     def __init__(self, target: CausalLM, skip: tuple[int, ...] | None, k: int, adapter: nn.Module | None = None,

@@ -62,6 +62,7 @@ class LookaheadDrafter(Drafter):
     method = "lookahead"
     description = "lookahead decoding: Jacobi window and n-gram pool, verified as one tree (no draft model)"
     wants_node_argmax = True
+    reads = frozenset({"lookahead_window", "lookahead_ngram", "lookahead_guesses"})
 
     def __init__(self, width: int, ngram: int, guesses: int, device: torch.device) -> None:
         self.width, self.ngram, self.guesses, self.device = width, ngram, guesses, device

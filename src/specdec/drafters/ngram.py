@@ -124,6 +124,7 @@ class NgramDrafter(Drafter):
     method = "ngram"
     description = "n-gram prompt lookup over the prompt and the generated text"
     tree_drafts = True
+    reads = frozenset({"prompt_lookup_max", "prompt_lookup_min"})
     shadow_drafts = True
 
     def __init__(self, max_n: int, min_n: int, device: torch.device, num_candidates: int = 1) -> None:

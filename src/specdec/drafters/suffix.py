@@ -32,6 +32,7 @@ class SuffixDrafter(Drafter):
     method = "suffix"
     description = "suffix cache: continuations of the context's suffix in this and earlier requests"
     tree_drafts = True
+    reads = frozenset({"suffix_cache_max_tokens", "suffix_factor", "suffix_min_prob"})
     shadow_drafts = True
 
     def __init__(self, max_tokens: int, factor: float, min_prob: float, device: torch.device,
