@@ -81,6 +81,8 @@ class SpeculativeConfig:
     predicted time (calibrated by measurement) within this many plain steps of the same rows, such as 1.1,
     the prompt tokens it feeds besides included: a bound on the longest inter-token gap speculation adds, at the
     cost of shorter drafts (None: no bound; :mod:`specdec.adaptive`).
+    A field only some methods read (:data:`METHOD_FIELDS`, ``Drafter.reads``), set away from its default for another
+    method, is an error that names the methods reading it.
     """
 
     method: str
