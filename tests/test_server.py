@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import socket
 import threading
@@ -243,6 +244,14 @@ def test_bad_requests_get_400_in_openai_shape(spec_server):
     assert "vocabulary" in error["message"]
     response = httpx.post(spec_server.root + "/v1/completions", content=b"{not json")
     assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+    body = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    for media, status in (("text/plain", 415), ("application/x-www-form-urlencoded", 415),
+                          ("application/json; charset=utf-8", 200), (None, 200)):
+        headers = {} if media is None else {"content-type": media}
+        response = httpx.post(spec_server.root + "/v1/completions", content=body, headers=headers)
+        assert response.status_code == status, (media, response.text)
+        if status == 415:
+            assert "unsupported media type" in response.json()["error"]["message"]
 
 
 def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server, monkeypatch):

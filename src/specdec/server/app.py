@@ -347,7 +347,12 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
                                             "max_model_len": llm.max_model_len}]}
 
     async def prepare(request: Request, endpoint) -> Prepared:
-        """Run ``endpoint`` (a :class:`Preparer` method) on the body in the preparer's thread."""
+        """Run ``endpoint`` (a :class:`Preparer` method) on the body in the preparer's thread. A body of another media
+        type than JSON is a 415, as in vLLM (a request without a ``Content-Type`` is read as JSON)."""
+        media = request.headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise APIError(415, f"unsupported media type {media!r}: the body must be JSON, sent with Content-Type: "
+                                "application/json")
         body = await request.body()
         return await asyncio.get_running_loop().run_in_executor(preparer.pool, endpoint, body)
 
