@@ -71,3 +71,27 @@ def test_sigterm_drains_running_requests_then_exits_0():
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_ctrl_c_drains_and_a_second_one_ends_the_streams_with_an_answer():
+    """Ctrl+C drains as SIGTERM does and exits 0 (not 130); a second one while draining ends the running stream
+    at once with an error event and ``[DONE]``, never cut mid-body, and nothing in the log is a traceback."""
+    from serve_process import ServeProcess
+
+    server = ServeProcess("--speculative-method", "none", "--max-num-seqs", "1", "--graceful-timeout", "60")
+    body = {"prompt": "def quicksort(arr):\n", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", server.root + "/v1/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            server.proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2].removeprefix("data: "))["error"]
+        assert error["type"] == "service_unavailable" and "stopped a second time" in error["message"]
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        status, log = server.stop()
+    assert status == 0 and "Traceback" not in log, log[-3000:]

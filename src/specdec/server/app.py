@@ -73,10 +73,10 @@ class ServerState:
         self.draining = True
         asyncio.get_running_loop().call_later(grace, self.end_in_flight)
 
-    def end_in_flight(self) -> None:
+    def end_in_flight(self, why: str = "the request did not finish within the graceful shutdown timeout") -> None:
+        """End every request in flight with a 503 in OpenAI's shape that says ``why``."""
         for submission in list(self.in_flight):
-            submission.end(ShuttingDown("the server is shutting down: the request did not finish within the "
-                                        "graceful shutdown timeout"))
+            submission.end(ShuttingDown(f"the server is shutting down: {why}"))
 
     def admit(self, count: int) -> None:
         """Count ``count`` new sequences in, or refuse them (503 draining, 429 queue full)."""

@@ -4,6 +4,7 @@ generator). Flag names follow ``vllm serve`` where vLLM has one.
 SIGTERM (or Ctrl+C): the server stops admitting (new connections are refused and idle keep-alive ones closed; a
 request that still reaches the app gets 503), lets running requests finish for ``--graceful-timeout`` seconds, ends
 the rest with a 503 in OpenAI's shape (a stream: an error event, then ``data: [DONE]``), then exits with status 0.
+A second SIGTERM or Ctrl+C while it drains ends the running requests at once, each with that answer.
 """
 
 from __future__ import annotations
@@ -186,8 +187,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:  # a second signal while draining: end what runs now, each with its answer
+                # (uvicorn's own second Ctrl+C would force its exit and cut the streams mid-body)
+                if state.loop is not None:
+                    state.loop.call_soon_threadsafe(state.end_in_flight, "the server was stopped a second time")
+                return
             state.draining = True
-            if state.loop is not None and not self.should_exit:  # in a signal handler: hand it to the loop
+            if state.loop is not None:  # in a signal handler: hand it to the loop
                 state.loop.call_soon_threadsafe(state.drain, args.graceful_timeout)
             super().handle_exit(sig, frame)
 
@@ -206,8 +212,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if llm.kv_cache_description is not None:
         print(f"specdec serve: {llm.kv_cache_description}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal that stopped it once it has shut down: let that be a no-op, so a
-    # graceful SIGTERM ends with status 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    # graceful SIGTERM or Ctrl+C ends with status 0 (Ctrl+C's default would exit 130).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     Server(config).run(sockets=sockets)
     return 0
 
