@@ -73,6 +73,11 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
                              skip_special_tokens=True, logit_bias={}, logits_processors=(), extra_args={},
                              temperature=0.5)
     assert neutral == SamplingParams(temperature=0.5)
+    # read back as the values specdec applies, as code written for vLLM reads them; clone() is vLLM's copy
+    assert (neutral.n, neutral.best_of, neutral.presence_penalty, neutral.skip_special_tokens) == (1, None, 0, True)
+    assert neutral.clone() == neutral and neutral.clone() is not neutral
+    with pytest.raises(AttributeError, match="no attribute 'temprature'"):
+        _ = neutral.temprature
     for kwargs, words in [({"n": 2}, "n is not supported by specdec: only 1 is accepted, got 2 (one output per"),
                           ({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),
                           ({"presence_penalty": 0.5}, "presence_penalty is not supported"),

@@ -8,7 +8,7 @@ decoding samples from, with temperature, top-k, top-p and min-p applied identica
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -178,6 +178,17 @@ class SamplingParams(metaclass=VLLMNames):
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    def __getattr__(self, name: str):
+        """vLLM's fields that specdec does not implement read as the neutral value it applies (``params.n`` is 1),
+        so that code written for vLLM that reads them runs; any other unknown name is an ``AttributeError``."""
+        if name in VLLM_NEUTRAL:
+            return VLLM_NEUTRAL[name][0]
+        raise AttributeError(f"'SamplingParams' object has no attribute {name!r}")
+
+    def clone(self) -> SamplingParams:
+        """A copy (vLLM's ``clone``); the parameters are immutable, so it equals this one."""
+        return replace(self)
 
 
 class SamplingBatch:
