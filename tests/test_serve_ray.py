@@ -179,7 +179,7 @@ def test_routes_auth_and_errors_through_the_proxy(replicas):
     bad = httpx.post(root + "/v1/completions", headers=AUTH, json={"prompt": "x", "max_tokens": -1}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     missing = httpx.get(root + "/v2/nothing", timeout=30)
-    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_client_disconnect_through_the_proxy_aborts_the_sequence(replicas):

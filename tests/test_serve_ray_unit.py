@@ -96,7 +96,7 @@ def test_plain_text_errors_of_the_proxy_get_openai_shape():
 
     sent = _run(not_found)
     assert sent[0]["status"] == 404
-    assert json.loads(_body(sent))["error"] == {"message": "Path '/v2' not found.", "type": "not_found_error",
+    assert json.loads(_body(sent))["error"] == {"message": "Path '/v2' not found.", "type": "invalid_request_error",
                                                 "param": None, "code": None}
 
 

@@ -256,9 +256,10 @@ def test_bad_requests_get_400_in_openai_shape(spec_server):
 
 def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server, monkeypatch):
     error = error_of(lambda: spec_server.client().completions.create(model="other", prompt="x"), 404)
-    assert error["code"] == "model_not_found"
+    assert (error["code"], error["type"]) == ("model_not_found", "invalid_request_error")  # OpenAI's
     response = httpx.get(spec_server.root + "/v2/nothing")
     assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert response.json()["error"]["type"] == "invalid_request_error"
     client = plain_server.client(KEY)
     # 2 slots + 1 queued: 4 sequences can never run, whatever the load (400, not 429 "retry later").
     error = error_of(lambda: client.completions.create(model="tiny", prompt="x", n=4), 400)
@@ -290,7 +291,7 @@ def test_unknown_model_route_queue_full_and_body_limit(spec_server, plain_server
 
 def test_auth(plain_server, spec_server):
     error = error_of(lambda: plain_server.client("wrong").models.list(), 401)
-    assert error["code"] == "invalid_api_key"
+    assert (error["code"], error["type"]) == ("invalid_api_key", "invalid_request_error")
     assert httpx.get(plain_server.root + "/v1/models").status_code == 401
     assert [m.id for m in plain_server.client(KEY).models.list().data] == ["tiny"]
     assert [m.id for m in spec_server.client("anything").models.list().data] == ["tiny"]  # auth off
@@ -378,7 +379,7 @@ def test_a_failing_engine_step_is_a_logged_500_without_a_traceback(text_model_di
                                   json={"model": "tiny", "prompt": "x = 1\n", "max_tokens": 4})
         assert response.status_code == 500
         error = response.json()["error"]
-        assert error["type"] == "internal_server_error" and "server log" in error["message"]
+        assert error["type"] == "server_error" and "server log" in error["message"]
         assert "Traceback" not in response.text and "injected" not in response.text
         assert any("engine step failed" in r.getMessage() and r.exc_info and "injected" in str(r.exc_info[1])
                    for r in caplog.records)

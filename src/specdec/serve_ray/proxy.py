@@ -19,7 +19,8 @@ from typing import Any
 
 REPLICA_LOST = ("the replica serving this request stopped before the request finished (Ray Serve replaces it); "
                 "retry the request")
-ERROR_TYPES = {404: "not_found_error", 408: "timeout_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
+ERROR_TYPES = {408: "timeout_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
+"""Error types besides OpenAI's ``invalid_request_error`` (4xx) and ``server_error`` (5xx)."""
 
 
 def error_body(message: str, type_: str) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def _json_response(status: int, body: dict[str, Any]) -> tuple[dict[str, Any], d
 def _error_type(status: int) -> str:
     if status in ERROR_TYPES:
         return ERROR_TYPES[status]
-    return "internal_server_error" if status >= 500 else "invalid_request_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 class OpenAIErrors:

@@ -152,10 +152,10 @@ class Submission:
             if isinstance(item, SpecDecError):
                 raise APIError(400, str(item))
             if isinstance(item, GrammarEngineError):  # this request's constraint, not the step, failed
-                raise APIError(500, str(item), "internal_server_error")
+                raise APIError(500, str(item), "server_error")
             if isinstance(item, BaseException):
                 raise APIError(500, "internal server error (the engine step failed; see the server log)",
-                               "internal_server_error")
+                               "server_error")
             choice = self.choices[index]
             choice.pieces.append(item.text)
             choice.num_tokens += len(item.token_ids)
@@ -261,7 +261,7 @@ def _authorize_with(state: ServerState):
         given = hashlib.sha256(token.strip().encode()).digest()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, state.api_key_digest):
             raise APIError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                           "authentication_error", code="invalid_api_key")
+                           "invalid_request_error", code="invalid_api_key")
 
     return authorize
 
@@ -442,11 +442,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
 
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
 
     async def internal(_: Request, exc: Exception) -> Response:  # Starlette logs the exception itself
-        return JSONResponse(error_body("internal server error (see the server log)", "internal_server_error"),
+        return JSONResponse(error_body("internal server error (see the server log)", "server_error"),
                             status_code=500)
 
     app.add_exception_handler(APIError, api_error)

@@ -175,7 +175,7 @@ class Preparer:
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
-                           "not_found_error", param="model", code="model_not_found")
+                           param="model", code="model_not_found")
 
     def _check_count(self, prompts: int, n: int) -> None:
         if prompts * n > self.max_sequences:
