@@ -312,6 +312,7 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
             raise SpecDecError(f"{given[0]} does not combine with --speculative-config: give its field in the JSON")
         return speculative_config_json(args)[1]
     from specdec.drafters import DRAFTERS
+    from specdec.drafters.base import methods_reading
 
     if method == PLAIN:
         if given:
@@ -326,20 +327,17 @@ def _speculative_config(args: argparse.Namespace, draft: str | None, method: str
     for flag in given:  # a method's own setting given for methods that do not read it would change nothing
         field = METHOD_FLAGS.get(flag)
         if field is not None and not any(field in DRAFTERS[name].reads for name in names):
-            readers = sorted(name for name, kind in DRAFTERS.items() if field in kind.reads)
-            raise SpecDecError(f"{flag} applies to {', '.join(readers)}, and this runs {method}"
+            raise SpecDecError(f"{flag} applies to {', '.join(methods_reading(field))}, and this runs {method}"
                                + (f" (its candidates: {', '.join(names)})" if composite else ""))
     if composite:
         fixed_k = args.max_num_speculative_tokens if k == "auto" else k
-        candidates = [{"method": name, "num_speculative_tokens": fixed_k,
-                       **{key: value for key, value in fields.items() if key in DRAFTERS[name].reads},
+        candidates = [{"method": name, "num_speculative_tokens": fixed_k, **DRAFTERS[name].fields_read(fields),
                        **({"model": draft, "draft_confidence_threshold": args.draft_confidence_threshold}
                           if name == DEFAULT_WITH_DRAFT else {})} for name in names]
         return {"method": method, "num_speculative_tokens": k, "candidates": candidates,
                 "max_num_speculative_tokens": args.max_num_speculative_tokens,
                 "max_step_time_ratio": args.max_step_time_ratio}
-    return {"method": method, "num_speculative_tokens": k, "model": draft,
-            **{key: value for key, value in fields.items() if key in DRAFTERS[method].reads},
+    return {"method": method, "num_speculative_tokens": k, "model": draft, **DRAFTERS[method].fields_read(fields),
             "max_num_speculative_tokens": args.max_num_speculative_tokens,
             "draft_confidence_threshold": args.draft_confidence_threshold,
             "max_step_time_ratio": args.max_step_time_ratio}

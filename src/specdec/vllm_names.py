@@ -8,6 +8,7 @@ only tunes what specdec does another way, such as vLLM's CPU swap space)."""
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -27,27 +28,42 @@ def is_neutral(value: Any, neutrals: tuple[Any, ...] | None) -> bool:
         isinstance(v, (list, dict)) and isinstance(value, (list, tuple, dict)) and not value) for v in neutrals)
 
 
+def check_neutral(name: str, value: Any, neutrals: tuple[Any, ...] | None, shown: str | None = None,
+                  hint: str = "") -> None:
+    """A :class:`SpecDecError` when ``value`` of vLLM's ``name`` (``shown`` so in the message) is not one of its
+    ``neutrals`` (see :func:`is_neutral`), naming the values accepted and ending with ``hint``."""
+    if not is_neutral(value, neutrals):
+        accepted = " or ".join(repr(v) for v in neutrals)
+        raise SpecDecError(f"{shown or name} is not supported by specdec: only {accepted} is accepted, got "
+                           f"{value!r:.80}{hint}")
+
+
 def drop_neutral(owner: str, given: dict[str, Any], own: Iterable[str], table: dict[str, tuple[Any, ...] | None],
                  hints: dict[str, str] | None = None, noun: str = "argument") -> dict[str, Any]:
     """``given`` (keyword arguments of ``owner``) without the names of ``table`` at a neutral value. A name of
-    ``table`` at another value is a :class:`SpecDecError` that names the values accepted (and ``hints[name]``, a
-    parenthesis saying what to do instead); a name neither in ``own`` nor in ``table``, one that suggests the
-    closest of ``own`` (``noun``: what ``owner`` calls its names)."""
+    ``table`` at another value is a :class:`SpecDecError` (:func:`check_neutral`, ``hints[name]`` a parenthesis
+    saying what to do instead); a name neither in ``own`` nor in ``table``, one that suggests the closest of
+    ``own`` (``noun``: what ``owner`` calls its names)."""
     own = list(own)
     kept = {}
     for name, value in given.items():
         if name in own:
             kept[name] = value
         elif name in table:
-            if not is_neutral(value, table[name]):
-                neutral = " or ".join(repr(v) for v in table[name])
-                raise SpecDecError(f"{name} is not supported by specdec: only {neutral} is accepted, got "
-                                   f"{value!r:.80}{(hints or {}).get(name, '')}")
+            check_neutral(name, value, table[name], hint=(hints or {}).get(name, ""))
         else:
             close = difflib.get_close_matches(name, own, n=1)
             raise SpecDecError(f"{owner} has no {noun} {name!r}"
                                + (f"; did you mean {close[0]!r}?" if close else f" (its {noun}s: {', '.join(own)})"))
     return kept
+
+
+@functools.cache
+def _parameters(cls: type) -> tuple[list[str], list[str]]:
+    """(names taken by keyword, names taken by position) of ``cls``'s constructor, read once per class."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return ([p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)],
+            [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD])
 
 
 class VLLMNames(type):
@@ -57,9 +73,7 @@ class VLLMNames(type):
 
     def __call__(cls, *args, **kwargs):
         table, hints, noun = cls.vllm_names
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-        own = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+        own, positional = _parameters(cls)
         if len(args) > len(positional):
             raise SpecDecError(f"{cls.__name__} takes at most {len(positional)} positional arguments "
                                f"({', '.join(positional)}), got {len(args)}")

@@ -267,15 +267,16 @@ def build_runners(
                     f"{method!r} chooses among the run's other speculative methods; add some to --methods")
             return {"method": method, "num_speculative_tokens": k, "candidates": candidates}
         model = assistant if drafter.needs_model else None
-        read = {  # the method's own fields, where it reads them
+        return drafter.fields_read({
+            "method": method,
+            "num_speculative_tokens": k,
+            "model": model,
             # The draft's dtype is the loaded draft's own, so that a shared model is never converted.
             "dtype": None if model is None else str(model.dtype).removeprefix("torch."),
             "prompt_lookup_max": options.prompt_lookup_max,
             "prompt_lookup_min": options.prompt_lookup_min,
-        }
-        return {"method": method, "num_speculative_tokens": k, "model": model,
-                **{key: value for key, value in read.items() if key in drafter.reads},
-                "num_candidates": candidates if drafter.tree_drafts else 1}
+            "num_candidates": candidates if drafter.tree_drafts else 1,
+        })
 
     runners: list[Runner] = []
     for spec in specs:

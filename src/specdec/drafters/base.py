@@ -29,7 +29,7 @@ from specdec.models.kv_budget import KVBudget
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
-from specdec.vllm_names import is_neutral
+from specdec.vllm_names import check_neutral
 
 MAX_SPECULATIVE_TOKENS = 64
 METHOD_FIELDS = frozenset({"dtype", "prompt_lookup_max", "prompt_lookup_min", "suffix_cache_max_tokens",
@@ -184,9 +184,8 @@ class SpeculativeConfig:
         kind = DRAFTERS[self.method]
         for f in fields(self):
             if f.name in METHOD_FIELDS and f.name not in kind.reads and getattr(self, f.name) != f.default:
-                readers = sorted(name for name, drafter in DRAFTERS.items() if f.name in drafter.reads)
                 raise SpecDecError(f"speculative method {self.method!r} takes no {f.name!r} (it is read by "
-                                   f"{', '.join(readers)})")
+                                   f"{', '.join(methods_reading(f.name))})")
 
     @property
     def max_k(self) -> int:
@@ -201,12 +200,9 @@ class SpeculativeConfig:
         if not isinstance(data, dict):
             raise SpecDecError(f"speculative_config must be a dict, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        for name, neutrals in VLLM_NEUTRAL.items():  # vLLM's keys that change nothing here, at their neutral values
-            if name in data:
-                if not is_neutral(data[name], neutrals):
-                    raise SpecDecError(f"speculative_config {name!r} is not supported by specdec: only "
-                                       f"{' or '.join(map(repr, neutrals))} is accepted, got {data[name]!r:.80}")
-                data = {k: v for k, v in data.items() if k != name}
+        for name in VLLM_NEUTRAL.keys() & data.keys():  # vLLM's keys that change nothing here, at their neutral values
+            check_neutral(name, data[name], VLLM_NEUTRAL[name], f"speculative_config {name!r}")
+        data = {k: v for k, v in data.items() if k not in VLLM_NEUTRAL}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}")
@@ -327,6 +323,12 @@ class Drafter(ABC):
     draft_vocab: ClassVar[bool] = False
     #: The fields of :data:`METHOD_FIELDS` the method reads; another method given one of them refuses it.
     reads: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def fields_read(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The entries of ``values`` (speculative_config fields) that are :data:`METHOD_FIELDS` the method reads, or
+        fields of no method in particular; a front end hands a method these alone."""
+        return {key: value for key, value in values.items() if key not in METHOD_FIELDS or key in cls.reads}
     #: Whether the method's chain drafts are deterministic and cost microseconds (a lookup): the auto method
     #: then asks it for a draft on every step, drafted with or not, and scores it against the emitted tokens.
     shadow_drafts: ClassVar[bool] = False
@@ -454,6 +456,11 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
 
 
 DRAFTERS: dict[str, type[Drafter]] = {}
+
+
+def methods_reading(field: str) -> list[str]:
+    """The registered methods that read ``field`` (one of :data:`METHOD_FIELDS`), sorted."""
+    return sorted(name for name, drafter in DRAFTERS.items() if field in drafter.reads)
 
 
 def register_drafter(cls: type[Drafter]) -> type[Drafter]:

@@ -59,7 +59,7 @@ def write_checkpoint(inflated: Inflated, folder: str | os.PathLike[str], source:
             shutil.copy2(file, out / file.name)
     inflated.config.save_pretrained(out)
     save_tensors({n: t.contiguous() for n, t in inflated.state.items()}, out / "model.safetensors",
-              metadata={"format": "pt"})
+                 metadata={"format": "pt"})
     note = {"source": str(src), "shape": shape_name, "num_parameters": inflated.num_parameters,
             "layer_at": list(inflated.layout.layer_at),
             "note": "function-preserving inflation: zero-padded widths, added heads/units/layers with zero output "
