@@ -87,7 +87,7 @@ class FastLlamaLM(CausalLM):
 
     def __init__(self, model: PreTrainedModel, name: str, use_cuda_graphs: bool = False,
                  pack_weights: bool = True, deterministic: bool = False, fuse_layers: bool = True,
-                 packed_head: torch.Tensor | None = None) -> None:
+                 packed_head: torch.Tensor | None = None, consume: bool = False) -> None:
         if deterministic and model.device.type != "cpu":
             raise SpecDecError(
                 f"deterministic mode runs on a CPU only (its batch-invariant kernels are not written for "
@@ -139,7 +139,14 @@ class FastLlamaLM(CausalLM):
         # The decoder layers' dense matrices, packed for the CPU's matrix products where that pays
         # (:mod:`.cpu_linear`; ``pack_weights=False`` keeps them plain, for comparisons).
         packed = pack if pack_weights else plain
-        self.layers = [read_layer(layer, spec, i, packed) for i, layer in enumerate(base.layers)]
+        # ``consume`` (a model loaded for this backend alone): each transformers layer is dropped from the model
+        # once read, so that its split and unpacked weights are freed before the next layer's copies are made and
+        # loading peaks at about one model's size, not two (a tensor the backend reads as it is stays alive).
+        self.layers = []
+        for i in range(len(base.layers)):
+            self.layers.append(read_layer(base.layers[i], spec, i, packed))
+            if consume:
+                base.layers[i] = torch.nn.Identity()
         self.num_layers = len(self.layers)
         # cos/sin for every position, computed once by the model's own rotary module (per layer type
         # where the family's rotary differs by layer type).

@@ -160,12 +160,17 @@ _FAST_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 :func:`_fast_backend`); an entry goes with its model."""
 
 
-def _fast_backend(model: PreTrainedModel, name: str, use_cuda_graphs: bool, deterministic: bool = False) -> FastLlamaLM:
+def _fast_backend(model: PreTrainedModel, name: str, use_cuda_graphs: bool, deterministic: bool = False,
+                  loaded_here: bool = False) -> FastLlamaLM:
     r"""The fast backend over ``model``: one per loaded model and graph setting, shared by every ``LLM``
     built over the same model object. A backend owns copies of most of its model's weights (fused q/k/v
     and gate/up, CPU-packed o and down: about the model's size again) and holds no state a forward
     changes (the KV pools, and the graphs captured over them, are each ``LLM``'s own), so ten ``LLM``\ s
-    over one target (``specdec bench`` builds one per method) cost one backend, not ten."""
+    over one target (``specdec bench`` builds one per method) cost one backend, not ten. A model
+    ``loaded_here`` (from a folder, for this backend alone) is consumed layer by layer as the backend reads
+    it (``FastLlamaLM(consume=True)``), so that loading peaks near one copy of the weights, not two."""
+    if loaded_here:
+        return FastLlamaLM(model, name, use_cuda_graphs=use_cuda_graphs, deterministic=deterministic, consume=True)
     built = _FAST_BACKENDS.setdefault(model, {})
     key = (use_cuda_graphs, model.dtype, str(model.device), deterministic)
     if key not in built:
@@ -197,7 +202,8 @@ def load_causal_lm(
         raise SpecDecError(f"deterministic mode needs the fast backend, and {name!r} would run on transformers' "
                            f"forward ({why}), whose results depend on the batch")
     if backend == "fast" or (backend == "auto" and reason is None):
-        return _fast_backend(model, name, use_cuda_graphs=not enforce_eager, deterministic=deterministic)
+        return _fast_backend(model, name, use_cuda_graphs=not enforce_eager, deterministic=deterministic,
+                             loaded_here=not isinstance(source, PreTrainedModel))
     why = f"the fast backend does not run it: {reason}" if backend == "auto" else "backend 'hf' was chosen"
     return HFCausalLM(model, name, backend_reason=why)
 
