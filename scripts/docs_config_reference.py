@@ -102,7 +102,7 @@ def _prometheus_table() -> list[str]:
 
     metrics = ServerMetrics("model")
     empty_pool = SimpleNamespace(num_used_blocks=0, num_blocks=0, block_size=16, prefix_cache_counts=lambda: (0, 0))
-    metrics.watch_engine(BatchMetrics(), empty_pool, SimpleNamespace(num_preemptions=0))
+    metrics.watch_engine(BatchMetrics(), empty_pool, SimpleNamespace(num_preemptions=0, num_running=0, waiting=()))
     rows = ["| name | type | meaning |", "| --- | --- | --- |"]
     for family in metrics.registry.collect():
         if family.name.startswith("process_"):
@@ -165,6 +165,9 @@ def render() -> str:
         "",
         "vLLM's names where vLLM has the metric (so its dashboards work), `specdec:` for specdec's own; every",
         "series carries a `model_name` label. The [metrics page](metrics.md) relates them to τ, α and c.",
+        "`LLM.get_metrics()` returns the engine's own (from `vllm:num_requests_running` to",
+        "`specdec:spec_decode_speculation_off_steps`) as vLLM's does, without a counter's `_total`",
+        "([Python API](python-api.md)); the rest are the server's.",
         "",
         *_prometheus_table(),
         "",

@@ -12,6 +12,7 @@ from test_adaptive import FakeSeq, bernoulli_accepted
 from specdec import LLM, SamplingParams
 from specdec.adaptive import AdaptiveK
 from specdec.drafters.base import SpeculativeConfig
+from specdec.engine_metrics import PolicyCollector
 from specdec.errors import SpecDecError
 from specdec.k_schedule import ScheduledK
 from specdec.metrics import BatchMetrics
@@ -104,7 +105,7 @@ def test_server_metrics_report_the_decisions_by_batch_size():
     batch.count_k_choices([0] * 6, [4] * 6)  # 6 rows: off, the same bucket (4)
     batch.count_k_choices([0], [0])  # nothing could draft: not a decision
     metrics = ServerMetrics("m")
-    metrics.watch_policy(batch)
+    metrics.registry.register(PolicyCollector(batch, "m"))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
     choices = {(dict(labels)["batch_size"], dict(labels)["k"]): v for (name, labels), v in samples.items()

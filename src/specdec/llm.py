@@ -25,18 +25,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from specdec.adaptive import make_policy
 from specdec.chat import chat_prompt, conversation_of, has_template, render
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
+from specdec.engine_metrics import watch_engine
 from specdec.errors import SpecDecError
 from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics
+from specdec.metrics_reader import Metric, read_metrics
 from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
-from specdec.prompts import Prompt, encode, eos_token_ids
+from specdec.prompts import Prompt, encode, eos_token_ids, paired
 from specdec.sampling import SamplingParams, is_seed
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
@@ -212,6 +215,7 @@ class LLM(metaclass=VLLMNames):
         self._lock = threading.RLock()
         self._grammar_cache: GrammarCache | None = None  # built at the first constrained request
         self._grammar_lock = threading.Lock()  # not the model's: a server handler compiles while a step runs
+        self._registry: CollectorRegistry | None = None  # get_metrics' collectors, registered at its first call
 
     @property
     def model_name(self) -> str:
@@ -225,6 +229,15 @@ class LLM(metaclass=VLLMNames):
     def batch_metrics(self) -> BatchMetrics:
         """:class:`~specdec.metrics.BatchMetrics` over every step this LLM has run."""
         return self.engine.metrics
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's metrics now, as vLLM's ``LLM.get_metrics()`` returns them (:mod:`specdec.metrics_reader`:
+        ``Counter``, ``Gauge`` and ``Vector`` objects under vLLM's names, the figures of ``specdec serve``'s
+        ``/metrics``)."""
+        if self._registry is None:
+            self._registry = CollectorRegistry()
+            watch_engine(self._registry, self.engine.metrics, self.engine.cache, self.scheduler, self.model_name)
+        return read_metrics(self._registry)
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt, model_name: str | None = None) -> tuple[str | None, list[int]]:
@@ -288,6 +301,7 @@ class LLM(metaclass=VLLMNames):
                                                        include_stop=params.include_stop_str_in_output))
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)
+            self.engine.metrics.num_prompt_tokens += len(prompt_ids)
             return request
 
     def abort(self, request_id: str) -> None:
@@ -432,23 +446,7 @@ class LLM(metaclass=VLLMNames):
             raise SpecDecError(f"use_tqdm must be True or False, got {use_tqdm!r}")
         if lora_request is not None:
             raise SpecDecError("lora_request is not supported by specdec: it serves no LoRA adapters (only None)")
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        if prompts is None or isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
-            raise SpecDecError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [self.check_params(sampling_params)] * len(prompts)
-        elif isinstance(sampling_params, (list, tuple)):
-            params_list = [self.check_params(p) for p in sampling_params]
-            if len(params_list) != len(prompts):
-                raise SpecDecError(
-                    f"got {len(params_list)} sampling_params for {len(prompts)} prompts; pass one, or one per prompt"
-                )
-        else:
-            raise SpecDecError(
-                f"sampling_params must be SamplingParams or a list of them, got {type(sampling_params).__name__}"
-            )
+        prompts, params_list = paired(prompts, sampling_params, self.check_params)
         encoded = [self.encode_prompt(p) for p in prompts]
         requests = [self._submit(text, ids, params, streaming=False)
                     for (text, ids), params in zip(encoded, params_list)]

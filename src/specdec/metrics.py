@@ -136,6 +136,9 @@ class BatchMetrics:
     """Counters and timers aggregated over engine steps (all requests together).
 
     ``num_rows`` sums the batch size of every step (``mean_batch_size`` = rows / steps);
+    ``num_prompt_tokens``: prompt tokens submitted; ``num_drafts``: rows of steps that drafted (a sequence's
+    step with drafts counts once); ``accepted_per_position``: drafts accepted at each draft position, as long
+    as the longest draft (the engine's counts of :class:`RequestMetrics`' fields of those names);
     times are seconds per stage, summed over steps (CUDA events on a GPU, so each stage's
     asynchronous work is charged to that stage). ``drafter_choices``: with ``method="auto"``, the
     rows each candidate drafted for, summed over steps (see :class:`RequestMetrics`). ``inner_*``: a
@@ -153,9 +156,12 @@ class BatchMetrics:
 
     num_steps: int = 0
     num_rows: int = 0
+    num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
     time_drafting: float = 0.0
     time_target: float = 0.0

@@ -4,11 +4,13 @@ end-of-sequence ids."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Sequence as Sequence_
 from typing import Any
 
 from specdec.errors import SpecDecError
 from specdec.models.base import CausalLM
-from specdec.sampling import check_text
+from specdec.sampling import SamplingParams, check_text
 
 Prompt = str | dict[str, Any]
 
@@ -77,3 +79,24 @@ def eos_token_ids(tokenizer, target: CausalLM) -> set[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(t) for t in source)
     return ids
+
+
+def paired(prompts: Prompt | Sequence_[Prompt], sampling_params: SamplingParams | Sequence_[SamplingParams] | None,
+           check: Callable[[object], SamplingParams]) -> tuple[list[Prompt], list[SamplingParams]]:
+    """``LLM.generate``'s arguments as a list of prompts (one prompt alone is a list of one) and their checked
+    sampling parameters, one per prompt (``sampling_params`` one for all, or one per prompt; ``check``:
+    ``LLM.check_params``)."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    if prompts is None or isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
+        raise SpecDecError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+    prompts = list(prompts)
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return prompts, [check(sampling_params)] * len(prompts)
+    if not isinstance(sampling_params, (list, tuple)):
+        raise SpecDecError(
+            f"sampling_params must be SamplingParams or a list of them, got {type(sampling_params).__name__}")
+    params = [check(p) for p in sampling_params]
+    if len(params) != len(prompts):
+        raise SpecDecError(f"got {len(params)} sampling_params for {len(prompts)} prompts; pass one, or one per prompt")
+    return prompts, params

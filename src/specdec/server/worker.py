@@ -125,13 +125,9 @@ class EngineWorker:
                 if not scheduler.has_work and time.monotonic() - trimmed >= TRIM_EVERY:
                     return_free_heap()  # idle now: nothing waits on this thread
                     trimmed = time.monotonic()
-            self.metrics.running.set(scheduler.num_running)
-            self.metrics.waiting.set(len(scheduler.waiting))
         for job in list(self._jobs.values()):
             self._abort(job)
             job.deliver(ShuttingDown("the server is shutting down"))
-        self.metrics.running.set(0)
-        self.metrics.waiting.set(0)
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply every queued command (waiting for one when ``block``); False on ``stop``."""
@@ -152,7 +148,6 @@ class EngineWorker:
                     continue
                 job.request_id = job._handle.seq.request_id
                 self._jobs[job.request_id] = job
-                self.metrics.prompt_tokens.inc(len(job._handle.seq.prompt_ids))
             elif job.request_id in self._jobs:
                 self._abort(job)
 
