@@ -309,6 +309,11 @@ def test_disconnect_aborts_and_frees_the_slot(spec_server, monkeypatch):
 
     monkeypatch.setattr(llm, "step", slow_step)
     aborted = spec_server.value("specdec:request_aborted_total")
+    finished = {reason: spec_server.value("vllm:request_success_total", finished_reason=reason)
+                for reason in ("stop", "length", "abort")}
+    series = {dict(labels).get("finished_reason") for name, labels in spec_server.metrics()
+              if name == "vllm:request_success_total"}
+    assert series == {"stop", "length", "abort"}  # every reason's series exists from the start, as vLLM's
     with httpx.stream("POST", spec_server.root + "/v1/completions",
                       json={"prompt": "x = 1\n", "max_tokens": 180, "ignore_eos": True, "stream": True}) as response:
         lines = response.iter_lines()
@@ -319,6 +324,8 @@ def test_disconnect_aborts_and_frees_the_slot(spec_server, monkeypatch):
                    json={"prompt": "x = 1\n", "max_tokens": 180, "ignore_eos": True})
     spec_server.settle()
     assert spec_server.value("specdec:request_aborted_total") == aborted + 2
+    assert {reason: spec_server.value("vllm:request_success_total", finished_reason=reason)
+            for reason in ("stop", "length", "abort")} == {**finished, "abort": finished["abort"] + 2}
     monkeypatch.setattr(llm, "step", step)
     # Every slot is free again: max_num_seqs sequences run in one step.
     four_before = spec_server.value("specdec:step_batch_size_count") - spec_server.value(

@@ -11,7 +11,8 @@ decisions) are :mod:`specdec.engine_metrics`' collectors, read at each scrape, t
 Latencies are seconds measured by the engine worker when it hands a step's output over:
 time to first token from the request's arrival, inter-token latency per token (a step that
 emits ``m`` tokens after a gap ``g`` counts ``m`` latencies of ``g / m``; the tokens of the
-first output are covered by the time to first token), end-to-end latency at the end.
+first output are covered by the time to first token), end-to-end latency at the end. (vLLM observes one
+inter-token latency per step, whatever the step emits.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DRAFT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
+FINISH_REASONS = ("stop", "length", "abort")
+"""The ``finished_reason`` labels of ``vllm:request_success_total``."""
 
 
 class ServerMetrics:
@@ -42,12 +45,17 @@ class ServerMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, [*label, *extra], registry=registry)
 
-        self._success = counter("vllm:request_success", "Sequences finished.", ("finished_reason",))
-        self.aborted = counter("specdec:request_aborted", "Sequences aborted (client gone or shutdown).").labels(
+        self._success = counter("vllm:request_success", "Sequences finished, by finish reason (an aborted one: "
+                                "'abort', as vLLM counts it).", ("finished_reason",))
+        for reason in FINISH_REASONS:  # every series from the start, at 0, as vLLM's
+            self._success.labels(model_name, reason)
+        self._aborted = counter("specdec:request_aborted", "Sequences aborted (client gone or shutdown).").labels(
             model_name)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", label,
                               buckets=TTFT_BUCKETS, registry=registry).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency, per token.", label,
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency, per token (a step that emits "
+                             "m tokens after a gap g counts m latencies of g/m; the first output's tokens count in "
+                             "the time to first token).", label,
                              buckets=ITL_BUCKETS, registry=registry).labels(model_name)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", label,
                              buckets=E2E_BUCKETS, registry=registry).labels(model_name)
@@ -89,8 +97,14 @@ class ServerMetrics:
             self.itl.observe(gap / count)
 
     def record_finish(self, reason: str, seconds: float) -> None:
+        """A sequence that ended with ``reason`` (``"stop"`` or ``"length"``) ``seconds`` after it arrived."""
         self._success.labels(self._model_name, reason).inc()
         self.e2e.observe(seconds)
+
+    def record_abort(self) -> None:
+        """A sequence aborted before it ended (its client went away, or the server is shutting down)."""
+        self._aborted.inc()
+        self._success.labels(self._model_name, "abort").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -154,7 +154,7 @@ class EngineWorker:
     def _abort(self, job: Job) -> None:
         self.llm.abort(job.request_id)
         del self._jobs[job.request_id]
-        self.metrics.aborted.inc()
+        self.metrics.record_abort()
 
     def _step(self) -> None:
         try:
