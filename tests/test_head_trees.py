@@ -146,3 +146,24 @@ def test_head_trees_need_the_fast_backend(model_dirs, llama, tmp_path):  # noqa:
         LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", backend="hf")
     with pytest.raises(SpecDecError, match="'mtp' does not choose among several candidates"):
         LLM(model_dirs["llama"]["target"], speculative_config={"method": "mtp", "num_candidates": 2}, dtype="float64")
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_trees_at_the_end_of_the_context_in_a_batch(model_dirs, llama, tmp_path, method):  # noqa: F811
+    """Rows of one batch reach ``max_model_len`` at different steps, the others still drafting trees of the full
+    budget: every row ends at the context's end with plain decoding's greedy tokens (eagle's tree expansions
+    once wrote a whole budget into the layer's pool of a row with fewer positions left, and failed the batch)."""
+    make_heads(llama, method, tmp_path / method, seed=1)
+    spec = {"method": method, "model": str(tmp_path / method), "num_speculative_tokens": 8, "num_candidates": 2}
+    max_model_len = 64
+    prompts = [[(7 * i + 3 * n) % 90 + 1 for i in range(n)] for n in (30, 40, 50, 55)]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    plain = LLM(model_dirs["llama"]["target"], dtype="float64", max_model_len=max_model_len, max_num_seqs=4)
+    llm = LLM(model_dirs["llama"]["target"], speculative_config=spec, dtype="float64", max_model_len=max_model_len,
+              max_num_seqs=4)
+    expected = plain.generate([{"prompt_token_ids": p} for p in prompts], params)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for prompt, want, got in zip(prompts, expected, outputs, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert len(prompt) + len(got.outputs[0].token_ids) == min(max_model_len, len(prompt) + 32)
+    assert llm.batch_metrics.num_draft_tokens > 0

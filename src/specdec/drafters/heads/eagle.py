@@ -293,9 +293,15 @@ class EagleDrafter(HeadDrafter):
         """EAGLE-2 trees for the rows ``fed`` with ``ks[b] > 0`` from ``out``, the layer's output at each fed
         row's last pair (logits ``[len(fed), V]``, hidden ``[len(fed), 1, H]``); resets the pool to ``committed``."""
         device, cache, r = self.target.device, self.cache, self.num_candidates
-        keep = [j for j, b in enumerate(fed) if ks[b] > 0]
+        # Every row's tree grows the same levels, and each expansion writes its nodes into the layer's pool past
+        # the row's committed length: a row without room for the deepest expansion (near the end of its context,
+        # where the engine gave it a smaller k) sits this step out rather than write past its slot.
+        levels = tree_levels(max([ks[b] for b in fed] + [0]), r)
+        keep = [j for j, b in enumerate(fed)
+                if ks[b] > 0 and committed[seqs[b].slot] + (levels - 1) * r <= cache.capacity]
         rows = [fed[j] for j in keep]
         if not rows:
+            self._commit(seqs, committed)
             return DraftBatch(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
         part = to_device(keep, device)
         logits, root = out.logits[part], out.hidden[part, 0]  # [A, V], [A, H]
@@ -306,7 +312,6 @@ class EagleDrafter(HeadDrafter):
         logprobs = F.log_softmax(logits.to(score_dtype), dim=-1)[:, None]  # [A, F, V]
         predicted = root.new_zeros(count, 0, root.shape[-1])  # [A, M, H]: each node's predicted feature
         expanded = frontier.new_zeros(count, 0)  # [A, E]: the nodes run through the layer so far
-        levels = tree_levels(max(ks[b] for b in rows), r)
         for level in range(levels):
             tree, frontier = expand(tree, frontier, logprobs, r, r)
             if level == levels - 1:
