@@ -46,7 +46,7 @@ def _default(field: dataclasses.Field) -> str:
 def _dataclass_table(cls: type) -> list[str]:
     rows = ["| field | type | default |", "| --- | --- | --- |"]
     for field in dataclasses.fields(cls):
-        if field.name.startswith("_"):
+        if field.name.startswith("_") or not field.init:  # derived (``stop_strings``): not an argument
             continue
         rows.append(f"| `{field.name}` | `{_cell(field.type)}` | {_default(field)} |")
     return rows

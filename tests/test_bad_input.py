@@ -96,16 +96,26 @@ def test_vllms_neutral_llm_arguments_are_accepted_and_others_named(model_dirs):
     positional ones is a SpecDecError naming it (a bare ``TypeError`` before)."""
     target, draft = model_dirs["llama"]["target"], model_dirs["llama"]["same"]
     llm = LLM(target, dtype="float64", tensor_parallel_size=1, pipeline_parallel_size=1, trust_remote_code=True,
-              swap_space=16, disable_log_stats=True, quantization=None, block_size=16,
-              speculative_config={"model": str(draft), "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})
+              swap_space=16, disable_log_stats=True, quantization=None, block_size=16, task="generate",
+              limit_mm_per_prompt={"image": 5}, disable_chunked_mm_input=True, max_logprobs=20, served_model_name="m",
+              speculative_config={"model": str(draft), "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1,
+                                  "max_model_len": 4096, "quantization": None, "enforce_eager": True,
+                                  "acceptance_method": "rejection_sampler"})
     assert llm.speculative_config.method == "draft_model"
+    assert llm.get_default_sampling_params() == SamplingParams()
+    assert llm.reset_prefix_cache() is True
     for kwargs, words in [({"tensor_parallel_size": 2}, "tensor_parallel_size is not supported by specdec: only 1 "
                                                         "is accepted, got 2 (one device per LLM; `specdec serve"),
                           ({"quantization": "awq"}, "quantization is not supported by specdec: only None"),
                           ({"max_num_seq": 8}, "LLM has no argument 'max_num_seq'; did you mean 'max_num_seqs'?"),
                           ({"speculative_config": {"model": str(draft), "draft_tensor_parallel_size": 2}},
                            "speculative_config 'draft_tensor_parallel_size' is not supported by specdec: only None "
-                           "or 1")]:
+                           "or 1"),
+                          ({"generation_config": "auto"}, "generation_config is not supported by specdec: only 'vllm'"),
+                          ({"speculative_config": {"model": str(draft), "acceptance_method": "typical_acceptance_"
+                                                   "sampler"}}, "only 'rejection_sampler' is accepted"),
+                          ({"speculative_config": {"method": "suffix", "suffix_decoding_min_token_prob": 0.2}},
+                           "(vLLM's 'suffix_decoding_min_token_prob': the closest here is 'suffix_min_prob')")]:
         with pytest.raises(SpecDecError, match=re.escape(words)):
             LLM(target, dtype="float64", **kwargs)
     with pytest.raises(SpecDecError, match="LLM takes at most 18 positional arguments"):
@@ -288,6 +298,13 @@ def test_unknown_dtype_device_backend(model_dirs):
         LLM(target, device="toaster")
 
 
+def test_vllms_dtype_names(model_dirs):
+    """vLLM's (and torch's) other names of the dtypes: ``half``, ``float``, ``double``."""
+    target = model_dirs["llama"]["target"]
+    for name, dtype in (("half", torch.float16), ("float", torch.float32), ("double", torch.float64)):
+        assert LLM(target, dtype=name, max_num_seqs=1, max_model_len=32).target.dtype == dtype
+
+
 CLI_CASES = [
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in"),
@@ -384,6 +401,24 @@ def test_sampling_params_are_immutable_and_replace_revalidates():
 def test_bool_prompt_token_ids_are_rejected(llm):
     with pytest.raises(SpecDecError, match="prompt_token_ids must be a list of integers"):
         llm.generate({"prompt_token_ids": [True, 2]})
+
+
+def test_prompt_token_ids_from_numpy_and_torch(llm):
+    """Token ids as tokenizers and array code hold them (NumPy and torch integers, 1-D arrays) are the same
+    prompt as a list of ints; floats, nested lists and a tokenizer's whole output are refused by what they are."""
+    import numpy as np
+    from transformers import BatchEncoding
+
+    params = SamplingParams(temperature=0, max_tokens=4)
+    want = llm.generate({"prompt_token_ids": [3, 5, 7]}, params)[0].outputs[0].token_ids
+    for ids in (np.array([3, 5, 7]), torch.tensor([3, 5, 7]), [np.int64(3), np.int32(5), 7], (3, 5, 7)):
+        out = llm.generate({"prompt_token_ids": ids}, params)[0]
+        assert out.prompt_token_ids == [3, 5, 7] and out.outputs[0].token_ids == want
+        assert all(type(t) is int for t in out.prompt_token_ids)
+    for ids, got in ((np.array([3.0, 5.0]), "float 3.0"), ([[3, 5]], "list [3, 5]"), (torch.tensor([[3, 5]]), "Tensor"),
+                     (BatchEncoding({"input_ids": [3, 5]}), "BatchEncoding: pass its ['input_ids']")):
+        with pytest.raises(SpecDecError, match=re.escape(got)):
+            llm.generate({"prompt_token_ids": ids}, params)
 
 
 def test_lone_surrogates_in_a_prompt(text_model_dirs):
@@ -490,3 +525,21 @@ def test_head_methods_name_the_head_folder_they_need(model_dirs, capsys):
                  "--speculative-model", target]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds no Medusa heads" in err[0]
+
+
+def test_vllms_none_defaults(model_dirs):
+    """vLLM's defaults spelt out: ``seed=None`` (requests without a seed draw one from the OS), and None for
+    ``enable_chunked_prefill`` and ``enable_prefix_caching`` (their defaults, on)."""
+    target = model_dirs["llama"]["target"]
+    params = SamplingParams(temperature=1.0, max_tokens=24)
+    prompt = {"prompt_token_ids": [3, 5, 7]}
+
+    def sample(seed):
+        llm = LLM(target, dtype="float64", seed=seed, enable_chunked_prefill=None, enable_prefix_caching=None)
+        assert llm.engine.cache.caches_prefixes
+        return llm.generate(prompt, params)[0].outputs[0].token_ids
+
+    assert sample(0) == sample(0)
+    assert sample(None) != sample(None)  # 24 draws from the tiny model's broad distribution
+    with pytest.raises(SpecDecError, match="seed must be an integer in 0..2\\*\\*64-1 or None"):
+        LLM(target, seed=-1)

@@ -82,3 +82,21 @@ def render(tokenizer, conversation: list[dict[str, str]], chat_template: str | N
 def chat_prompt(tokenizer, text: str) -> dict[str, Any]:
     """A rendered conversation as a prompt: its text and its tokens, special tokens not added again."""
     return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
+
+
+def chat_prompts(tokenizer, model_name: str, messages: Any, chat_template: str | None, add_generation_prompt: bool,
+                 continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``LLM.chat``'s prompts: one conversation (a list of messages) or a list of them, each rendered by
+    ``chat_template`` (None: the tokenizer's own) and tokenized (:func:`render`, :func:`chat_prompt`). A model
+    without a template or a tokenizer, or a bad message, is a :class:`SpecDecError` naming ``model_name``."""
+    if not isinstance(chat_template, (str, type(None))):
+        raise SpecDecError(f"chat_template must be a string or None, got {type(chat_template).__name__}")
+    if not has_template(tokenizer, chat_template):
+        raise SpecDecError(f"model {model_name!r} has no chat template: pass chat_template (a Jinja template "
+                           "string)" if tokenizer is not None else f"model {model_name!r} has no tokenizer to "
+                           "render a chat")
+    many = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
+    conversations = [conversation_of(c, f"messages[{i}]") for i, c in enumerate(messages)] if many else [
+        conversation_of(messages)]
+    return [chat_prompt(tokenizer, render(tokenizer, c, chat_template, add_generation_prompt, continue_final_message,
+                                          chat_template_kwargs)) for c in conversations]

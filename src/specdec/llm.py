@@ -28,7 +28,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from specdec.adaptive import make_policy
-from specdec.chat import chat_prompt, conversation_of, has_template, render
+from specdec.chat import chat_prompts
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.engine_metrics import watch_engine
@@ -77,11 +77,16 @@ VLLM_NEUTRAL = {
     "load_format": ("auto",), "kv_cache_dtype": ("auto",), "block_size": (None, 16), "cpu_offload_gb": (0, 0.0),
     "enable_lora": (False,), "distributed_executor_backend": (None,), "compilation_config": (None,),
     "hf_overrides": (None,), "swap_space": ANY, "disable_log_stats": ANY, "disable_custom_all_reduce": ANY,
-    "max_seq_len_to_capture": ANY,
+    "max_seq_len_to_capture": ANY, "task": ("auto", "generate"), "runner": ("auto", "generate"),
+    "logprobs_mode": ("raw_logprobs",), "generation_config": ("vllm",), "max_logprobs": ANY, "async_scheduling": ANY,
+    "hf_token": ANY, "served_model_name": ANY, "limit_mm_per_prompt": ANY, "disable_chunked_mm_input": ANY,
+    "mm_processor_kwargs": ANY,
 }
 """vLLM's ``LLM`` arguments that specdec does not implement, with the values that change nothing here (``ANY``: every
 value): given so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them.
-``trust_remote_code`` is accepted either way: specdec never runs a checkpoint's own code."""
+``trust_remote_code`` is accepted either way: specdec never runs a checkpoint's own code; the multimodal ones too,
+since no prompt here carries anything but text or token ids. ``generation_config="auto"`` (vLLM's default, sampling
+defaults from the checkpoint's ``generation_config.json``) is refused: here only ``SamplingParams`` set them."""
 
 
 class LLM(metaclass=VLLMNames):
@@ -139,16 +144,16 @@ class LLM(metaclass=VLLMNames):
         speculative_config: dict[str, Any] | SpeculativeConfig | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "auto",
-        seed: int = 0,
+        seed: int | None = 0,
         backend: str = "auto",
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_model_len: int | None = None,
         enforce_eager: bool = False,
-        enable_chunked_prefill: bool = True,
+        enable_chunked_prefill: bool | None = True,
         max_num_batched_tokens: int | None = None,
         kv_cache_memory: int | str | None = None,
         gpu_memory_utilization: float | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool | None = True,
         deterministic: bool = False,
         serving: bool = False,
         prefill_share: float | None = None,
@@ -157,13 +162,17 @@ class LLM(metaclass=VLLMNames):
             raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        # None (vLLM's default of both) is the default; a seed of None: requests without a seed of their own
+        # draw one from the operating system's entropy, not from a fixed sequence (vLLM's meaning).
+        enable_chunked_prefill = True if enable_chunked_prefill is None else enable_chunked_prefill
+        enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
         for name, flag in (("enable_chunked_prefill", enable_chunked_prefill), ("serving", serving),
                            ("enable_prefix_caching", enable_prefix_caching), ("enforce_eager", enforce_eager),
                            ("deterministic", deterministic)):
             if not isinstance(flag, bool):
                 raise SpecDecError(f"{name} must be True or False, got {flag!r}")
-        if not is_seed(seed):
-            raise SpecDecError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
+        if seed is not None and not is_seed(seed):
+            raise SpecDecError(f"seed must be an integer in 0..2**64-1 or None, got {seed!r}")
         KVBudget.check(kv_cache_memory, gpu_memory_utilization)  # before the weights load
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
@@ -209,7 +218,7 @@ class LLM(metaclass=VLLMNames):
         self.kv_cache_description = budget.describe(self.engine.cache.num_blocks, max_num_seqs)
         self.scheduler = Scheduler(self.engine, max_num_seqs, self.max_num_batched_tokens, self.prefill_share)
         self._eos_ids = frozenset(eos_token_ids(self.tokenizer, self.target))
-        self._seeds = random.Random(seed)
+        self._seeds = random.Random(seed) if seed is not None else random.SystemRandom()
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self._lock = threading.RLock()
@@ -220,6 +229,11 @@ class LLM(metaclass=VLLMNames):
     @property
     def model_name(self) -> str:
         return self.target.name
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's ``LLM.get_default_sampling_params``: the parameters a request without its own gets
+        (``SamplingParams()``; no checkpoint's ``generation_config.json`` changes them here)."""
+        return SamplingParams()
 
     def get_tokenizer(self):
         """The target's tokenizer (None for a model without one), as vLLM's ``LLM.get_tokenizer``."""
@@ -251,7 +265,7 @@ class LLM(metaclass=VLLMNames):
         """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`
         whose ``stop_token_ids`` are inside the vocabulary."""
         if params is None:
-            return SamplingParams()
+            return self.get_default_sampling_params()
         if not isinstance(params, SamplingParams):
             raise SpecDecError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         bad = [t for t in params.stop_token_ids if t >= self.target.vocab_size]
@@ -339,13 +353,15 @@ class LLM(metaclass=VLLMNames):
         text, prompt_ids = self.encode_prompt(prompt)
         return self._submit(text, prompt_ids, params, streaming=True)
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> bool:
         """Forget every prefix the target's and the drafter's pools cache that no request in flight uses (vLLM's
         ``LLM.reset_prefix_cache``): the next prompts are fed whole, as on a fresh engine. A benchmark calls it
-        between levels that send the same prompts."""
+        between levels that send the same prompts. True (vLLM's answer when the cache was reset), False when
+        requests in flight kept the prefixes they use."""
         with self._lock:
             for pool in self.engine.kv_pools():
                 pool.reset_prefix_cache()
+            return not self.scheduler.has_work
 
     def step(self) -> list[StepOutput]:
         """Run one step for every running sequence (admitting waiting ones) and file each output with
@@ -497,20 +513,10 @@ class LLM(metaclass=VLLMNames):
         assistant's turn opened (``add_generation_prompt``), or its last message continued
         (``continue_final_message``); ``chat_template_kwargs``: more template variables. ``tools`` (vLLM's): only
         None, specdec does no tool calling. See :mod:`specdec.chat`."""
-        if not isinstance(chat_template, (str, type(None))):
-            raise SpecDecError(f"chat_template must be a string or None, got {type(chat_template).__name__}")
         if tools is not None:
             raise SpecDecError("tools is not supported by specdec: it does no tool calling (only None)")
-        if not has_template(self.tokenizer, chat_template):
-            raise SpecDecError(f"model {self.model_name!r} has no chat template: pass chat_template (a Jinja "
-                               "template string)" if self.tokenizer is not None else
-                               f"model {self.model_name!r} has no tokenizer to render a chat")
-        many = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
-        conversations = [conversation_of(c, f"messages[{i}]") for i, c in enumerate(messages)] if many else [
-            conversation_of(messages)]
-        prompts = [chat_prompt(self.tokenizer, render(self.tokenizer, c, chat_template, add_generation_prompt,
-                                                      continue_final_message, chat_template_kwargs))
-                   for c in conversations]
+        prompts = chat_prompts(self.tokenizer, self.model_name, messages, chat_template, add_generation_prompt,
+                               continue_final_message, chat_template_kwargs)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 

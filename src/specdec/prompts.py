@@ -4,6 +4,7 @@ end-of-sequence ids."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from typing import Any
@@ -43,13 +44,11 @@ def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int,
         text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
         if text is not None and not isinstance(text, str):
             raise SpecDecError(f"a prompt's 'prompt' must be a string, got {type(text).__name__}")
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise SpecDecError("prompt_token_ids must be a list of integers")
+        ids = token_ids_of(ids)
         check_length(len(ids), target, max_model_len, name)
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
             raise SpecDecError(f"prompt_token_ids {bad[:5]} are outside the vocabulary (0..{target.vocab_size - 1})")
-        ids = list(ids)
     else:
         raise SpecDecError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got "
                            f"{type(prompt).__name__}")
@@ -57,6 +56,22 @@ def encode(prompt: Prompt, tokenizer, target: CausalLM, max_model_len: int,
         raise SpecDecError("empty prompt")
     check_length(len(ids), target, max_model_len, name)
     return text, ids
+
+
+def token_ids_of(value: object) -> list[int]:
+    """``prompt_token_ids`` as a list of Python ints: a list or tuple of integers (NumPy's and torch's integer
+    scalars too), or a one-dimensional NumPy array or torch tensor of integers; anything else (floats, bools,
+    nested lists, a tokenizer's ``BatchEncoding``) is a :class:`SpecDecError` that names what it got."""
+    if getattr(value, "ndim", None) == 1 and hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        hint = ": pass its ['input_ids']" if hasattr(value, "keys") and "input_ids" in value else ""
+        raise SpecDecError(f"prompt_token_ids must be a list of integers, got {type(value).__name__}{hint}")
+    for token in value:
+        if isinstance(token, bool) or not hasattr(token, "__index__") or getattr(token, "ndim", 0) != 0:
+            raise SpecDecError(f"prompt_token_ids must be a list of integers, got a list holding "
+                               f"{type(token).__name__} {token!r:.40}")
+    return [operator.index(token) for token in value]
 
 
 def check_length(num_tokens: int, target: CausalLM, max_model_len: int, model_name: str) -> None:

@@ -29,7 +29,7 @@ from specdec.models.kv_budget import KVBudget
 from specdec.models.loader import ModelSource
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
-from specdec.vllm_names import check_neutral
+from specdec.vllm_names import ANY, check_neutral
 
 MAX_SPECULATIVE_TOKENS = 64
 METHOD_FIELDS = frozenset({"dtype", "prompt_lookup_max", "prompt_lookup_min", "suffix_cache_max_tokens",
@@ -205,7 +205,9 @@ class SpeculativeConfig:
         data = {k: v for k, v in data.items() if k not in VLLM_NEUTRAL}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}")
+            close = [f"{key!r}: {VLLM_CLOSE[key]}" for key in unknown if key in VLLM_CLOSE]
+            raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}"
+                               + (f" (vLLM's {'; '.join(close)})" if close else ""))
         if "method" not in data:
             if data.get("model") is None:
                 raise SpecDecError("speculative_config needs a 'method' (or a 'model' to infer it from)")
@@ -215,8 +217,24 @@ class SpeculativeConfig:
         return cls(**data)
 
 
-VLLM_NEUTRAL = {"draft_tensor_parallel_size": (None, 1)}
-"""vLLM's ``speculative_config`` keys that specdec does not implement, with the values that change nothing here."""
+VLLM_NEUTRAL = {"draft_tensor_parallel_size": (None, 1), "quantization": (None,), "revision": (None,),
+                "code_revision": (None,), "disable_by_batch_size": (None,), "speculative_token_tree": (None,),
+                "acceptance_method": ("rejection_sampler",), "max_model_len": ANY, "enforce_eager": ANY,
+                "disable_padded_drafter_batch": ANY}
+"""vLLM's ``speculative_config`` keys that specdec does not implement, with the values that change nothing here
+(``ANY``: every value; those settle only how vLLM runs its drafter, never which tokens come out: a draft's
+``max_model_len``, where vLLM stops drafting, is the ``LLM``'s here, and every drafter captures graphs as the
+target does, ``enforce_eager`` being the ``LLM``'s)."""
+
+VLLM_CLOSE = {
+    "suffix_decoding_max_spec_factor": "the closest here is 'suffix_factor' (drafts grow with the match's "
+                                       "frequency too)",
+    "suffix_decoding_min_token_prob": "the closest here is 'suffix_min_prob'",
+    "suffix_decoding_max_cached_requests": "the closest here is 'suffix_cache_max_tokens', a number of tokens",
+    "suffix_decoding_max_tree_depth": "here matches are measured up to specdec.drafters.suffix_index.MAX_MATCH "
+                                      "tokens",
+}
+"""vLLM's ``speculative_config`` keys of another meaning here, and what an unknown-key error says of each."""
 
 
 @dataclass

@@ -21,6 +21,8 @@ DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+"""Other names of :data:`DTYPES` (vLLM's and torch's)."""
 BACKENDS = ("auto", "fast", "hf")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -78,9 +80,11 @@ def resolve_dtype(dtype: str | torch.dtype, config, device: torch.device) -> tor
         if device.type == "cpu":
             return torch.bfloat16 if stored == torch.bfloat16 and cpu_has_native_bf16() else torch.float32
         return stored if isinstance(stored, torch.dtype) else torch.float32
-    if dtype not in DTYPES:
-        raise SpecDecError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in DTYPES:
+        raise SpecDecError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)} "
+                           f"(or {', '.join(DTYPE_ALIASES)})")
+    return DTYPES[name]
 
 
 def _check_source(source: str | Path) -> str:
