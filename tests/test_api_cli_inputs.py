@@ -31,7 +31,7 @@ def test_a_model_of_the_wrong_type(model, message):
 @pytest.mark.parametrize("kwargs,message", [
     ({"tokenizer": 5}, "tokenizer must be a folder or a hub id, got int"),
     ({"device": "meta"}, "device 'meta' is not supported"),
-    ({"seed": -1}, r"seed must be an integer in 0..2\*\*64-1, got -1"),
+    ({"seed": -1}, r"seed must be an integer in 0..2\*\*64-1 or None, got -1"),
     ({"seed": 2**70}, "seed must be an integer"),
     ({"seed": 1.5}, "seed must be an integer"),
     ({"seed": "x"}, "seed must be an integer"),

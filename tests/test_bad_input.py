@@ -83,11 +83,13 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
                           ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
                           ({"logit_bias": {1: 2.0}}, "logit_bias is not supported"),
                           ({"temprature": 1.0}, "SamplingParams has no field 'temprature'; did you mean 'temperature'"),
-                          ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p")]:
+                          ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p"),
+                          ({"guided_decoding": {"regex": "a"}}, "SamplingParams has no field 'guided_decoding' "
+                                                                "(vLLM's earlier name of structured_outputs)")]:
         with pytest.raises(SpecDecError, match=re.escape(words)):
             SamplingParams(**kwargs)
-    with pytest.raises(SpecDecError, match="takes at most 13 positional arguments"):
-        SamplingParams(*range(14))
+    with pytest.raises(SpecDecError, match="SamplingParams takes keyword arguments only, got 1 positional"):
+        SamplingParams(1)  # vLLM's first positional field is n; here it would have been temperature
 
 
 def test_vllms_neutral_llm_arguments_are_accepted_and_others_named(model_dirs):
@@ -133,8 +135,23 @@ def test_generate_takes_vllms_use_tqdm_and_refuses_a_lora_request(llm, capsys):
     assert len(outputs) == 3 and "Processed prompts: 100%" in capsys.readouterr().err
     with pytest.raises(SpecDecError, match="lora_request is not supported by specdec"):
         llm.generate({"prompt_token_ids": [1, 2]}, lora_request=object())
-    with pytest.raises(SpecDecError, match="use_tqdm must be True or False"):
+    with pytest.raises(SpecDecError, match="use_tqdm must be True, False or a tqdm-like class"):
         llm.generate({"prompt_token_ids": [1, 2]}, use_tqdm="yes")
+    made = []
+
+    class Bar:  # vLLM's use_tqdm also takes the class to build the bar with
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.n = 0
+
+        def update(self, count):
+            self.n += count
+
+        def close(self):
+            made.append(self.n)
+
+    assert len(llm.generate([{"prompt_token_ids": [1, 2]}] * 2, SamplingParams(max_tokens=2), use_tqdm=Bar)) == 2
+    assert made[0]["total"] == 2 and made[-1] == 2
 
 
 def test_sampling_params_count_mismatch(llm):

@@ -450,6 +450,12 @@ def test_llm_chat_equals_the_servers_chat(spec_server, offline):
     assert out.prompt_token_ids == llm.get_tokenizer()(out.prompt, add_special_tokens=False)["input_ids"]
     both = llm.chat([conversation, [{"role": "user", "content": "x = 1"}]], params, chat_template=TEMPLATE)
     assert [o.outputs[0].text for o in both][0] == out.outputs[0].text and len(both) == 2
+    as_strings = llm.chat(conversation, params, chat_template=TEMPLATE, chat_template_content_format="string",
+                          mm_processor_kwargs=None)[0]  # vLLM's arguments, at the values that mean what is done here
+    assert as_strings.prompt == out.prompt and as_strings.outputs[0].text == out.outputs[0].text
+    with pytest.raises(SpecDecError, match="chat_template_content_format is not supported by specdec: only 'auto' "
+                                           "or 'string'"):
+        llm.chat(conversation, params, chat_template=TEMPLATE, chat_template_content_format="openai")
     with pytest.raises(SpecDecError, match=r"messages\[1\] must be a dict with a 'role'"):
         llm.chat([conversation[0], {"role": "robot", "content": "x"}], chat_template=TEMPLATE)
     with pytest.raises(SpecDecError, match="has no chat template: pass chat_template"):

@@ -18,7 +18,7 @@ import itertools
 import random
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.engine_metrics import watch_engine
 from specdec.errors import SpecDecError
+from specdec.llm_args import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, VLLM_NEUTRAL, check_arguments
 from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics
 from specdec.metrics_reader import Metric, read_metrics
@@ -40,13 +41,13 @@ from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
-from specdec.sampling import SamplingParams, is_seed
+from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
 from specdec.text import TextTracker, TokenTexts
-from specdec.vllm_names import ANY, VLLMNames
+from specdec.vllm_names import VLLMNames, check_neutral
 
 
 @dataclass(eq=False)
@@ -60,33 +61,6 @@ class _Request:
     pending: deque[StreamOutput] = field(default_factory=deque)
     done: bool = False
     error: BaseException | None = None
-
-
-DEFAULT_MAX_NUM_SEQS = 16
-DEFAULT_MAX_MODEL_LEN = 8192
-"""Tokens per sequence when ``max_model_len`` is not given, if the model's context is longer: every
-slot of a KV pool is allocated at this length, so a 128k-token config would otherwise ask for 16 x 128k
-tokens of cache (256 GiB for an 8B Llama in bf16); 8192 holds a long chat turn or document prompt and
-its answer (16 GiB there at 16 slots). Pass ``max_model_len`` for more."""
-
-
-VLLM_NEUTRAL = {
-    "tensor_parallel_size": (1,), "pipeline_parallel_size": (1,), "data_parallel_size": (1,),
-    "trust_remote_code": (False, True), "revision": (None,), "tokenizer_revision": (None,), "code_revision": (None,),
-    "tokenizer_mode": ("auto",), "skip_tokenizer_init": (False,), "quantization": (None,), "download_dir": (None,),
-    "load_format": ("auto",), "kv_cache_dtype": ("auto",), "block_size": (None, 16), "cpu_offload_gb": (0, 0.0),
-    "enable_lora": (False,), "distributed_executor_backend": (None,), "compilation_config": (None,),
-    "hf_overrides": (None,), "swap_space": ANY, "disable_log_stats": ANY, "disable_custom_all_reduce": ANY,
-    "max_seq_len_to_capture": ANY, "task": ("auto", "generate"), "runner": ("auto", "generate"),
-    "logprobs_mode": ("raw_logprobs",), "generation_config": ("vllm",), "max_logprobs": ANY, "async_scheduling": ANY,
-    "hf_token": ANY, "served_model_name": ANY, "limit_mm_per_prompt": ANY, "disable_chunked_mm_input": ANY,
-    "mm_processor_kwargs": ANY,
-}
-"""vLLM's ``LLM`` arguments that specdec does not implement, with the values that change nothing here (``ANY``: every
-value): given so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them.
-``trust_remote_code`` is accepted either way: specdec never runs a checkpoint's own code; the multimodal ones too,
-since no prompt here carries anything but text or token ids. ``generation_config="auto"`` (vLLM's default, sampling
-defaults from the checkpoint's ``generation_config.json``) is refused: here only ``SamplingParams`` set them."""
 
 
 class LLM(metaclass=VLLMNames):
@@ -158,21 +132,9 @@ class LLM(metaclass=VLLMNames):
         serving: bool = False,
         prefill_share: float | None = None,
     ) -> None:
-        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
-            raise SpecDecError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
-            raise SpecDecError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
-        # None (vLLM's default of both) is the default; a seed of None: requests without a seed of their own
-        # draw one from the operating system's entropy, not from a fixed sequence (vLLM's meaning).
-        enable_chunked_prefill = True if enable_chunked_prefill is None else enable_chunked_prefill
-        enable_prefix_caching = True if enable_prefix_caching is None else enable_prefix_caching
-        for name, flag in (("enable_chunked_prefill", enable_chunked_prefill), ("serving", serving),
-                           ("enable_prefix_caching", enable_prefix_caching), ("enforce_eager", enforce_eager),
-                           ("deterministic", deterministic)):
-            if not isinstance(flag, bool):
-                raise SpecDecError(f"{name} must be True or False, got {flag!r}")
-        if seed is not None and not is_seed(seed):
-            raise SpecDecError(f"seed must be an integer in 0..2**64-1 or None, got {seed!r}")
+        enable_chunked_prefill, enable_prefix_caching = check_arguments(
+            max_num_seqs, max_model_len, seed, enable_chunked_prefill=enable_chunked_prefill, serving=serving,
+            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager, deterministic=deterministic)
         KVBudget.check(kv_cache_memory, gpu_memory_utilization)  # before the weights load
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
@@ -451,15 +413,16 @@ class LLM(metaclass=VLLMNames):
         self,
         prompts: Prompt | Sequence_[Prompt],
         sampling_params: SamplingParams | Sequence_[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
         lora_request: None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt, batched (``max_num_seqs`` at a time, the rest queued);
         outputs in prompt order. ``sampling_params`` is one for all or one per prompt. ``use_tqdm``: show a
-        progress bar of the prompts done on stderr (vLLM's argument; off by default here). ``lora_request``
+        progress bar of the prompts done on stderr (vLLM's argument; off by default here), or a tqdm-like class
+        to build it with. ``lora_request``
         (vLLM's): only None, specdec serves no LoRA adapters."""
-        if not isinstance(use_tqdm, bool):
-            raise SpecDecError(f"use_tqdm must be True or False, got {use_tqdm!r}")
+        if not isinstance(use_tqdm, bool) and not callable(use_tqdm):
+            raise SpecDecError(f"use_tqdm must be True, False or a tqdm-like class, got {use_tqdm!r}")
         if lora_request is not None:
             raise SpecDecError("lora_request is not supported by specdec: it serves no LoRA adapters (only None)")
         prompts, params_list = paired(prompts, sampling_params, self.check_params)
@@ -467,7 +430,7 @@ class LLM(metaclass=VLLMNames):
         requests = [self._submit(text, ids, params, streaming=False)
                     for (text, ids), params in zip(encoded, params_list)]
         results = []
-        bar = _progress(len(requests)) if use_tqdm else None
+        bar = _progress(len(requests), None if use_tqdm is True else use_tqdm) if use_tqdm else None
         try:
             for request in requests:
                 token_ids: list[int] = []
@@ -500,28 +463,36 @@ class LLM(metaclass=VLLMNames):
         self,
         messages: Sequence_[dict[str, Any]] | Sequence_[Sequence_[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence_[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
         lora_request: None = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: None = None,
+        mm_processor_kwargs: None = None,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: :meth:`generate` for one conversation (a list of ``{"role", "content"}``
         messages) or a list of them, each rendered by ``chat_template`` (None: the tokenizer's own) with the
         assistant's turn opened (``add_generation_prompt``), or its last message continued
-        (``continue_final_message``); ``chat_template_kwargs``: more template variables. ``tools`` (vLLM's): only
-        None, specdec does no tool calling. See :mod:`specdec.chat`."""
+        (``continue_final_message``); ``chat_template_kwargs``: more template variables. A message's content
+        reaches the template as a string (``chat_template_content_format`` ``"auto"`` or ``"string"``). ``tools``
+        and ``mm_processor_kwargs`` (vLLM's): only None, specdec does no tool calling and takes text alone. See
+        :mod:`specdec.chat`."""
         if tools is not None:
             raise SpecDecError("tools is not supported by specdec: it does no tool calling (only None)")
+        check_neutral("chat_template_content_format", chat_template_content_format, ("auto", "string"))
+        check_neutral("mm_processor_kwargs", mm_processor_kwargs, (None,))
         prompts = chat_prompts(self.tokenizer, self.model_name, messages, chat_template, add_generation_prompt,
                                continue_final_message, chat_template_kwargs)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 
-def _progress(total: int):
-    """A tqdm bar of ``total`` prompts on stderr (vLLM's "Processed prompts")."""
-    from tqdm.auto import tqdm
+def _progress(total: int, bar_class: Callable[..., Any] | None = None):
+    """A progress bar of ``total`` prompts on stderr (vLLM's "Processed prompts"), built by ``bar_class`` (None:
+    tqdm's)."""
+    if bar_class is None:
+        from tqdm.auto import tqdm as bar_class
 
-    return tqdm(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)
+    return bar_class(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)

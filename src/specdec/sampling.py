@@ -75,7 +75,7 @@ VLLM_NEUTRAL = {
 so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # by keyword only: vLLM's first positional field is n, here not a field
 class SamplingParams(metaclass=VLLMNames):
     """How one request samples and when it stops (vLLM's names and defaults). Immutable: every
     field is validated once, at construction (``dataclasses.replace`` builds a new, validated one).
@@ -114,7 +114,8 @@ class SamplingParams(metaclass=VLLMNames):
     include_stop_str_in_output: bool = False
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
     vllm_names = (VLLM_NEUTRAL, {"n": " (one output per prompt: pass the prompt again with another seed; the server "
-                                      "takes n)"}, "field")  # not a field: no annotation
+                                      "takes n)", "guided_decoding": " (vLLM's earlier name of structured_outputs)"},
+                  "field")  # not a field: no annotation
 
     def __post_init__(self) -> None:
         if not _is_number(self.temperature):

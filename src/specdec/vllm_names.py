@@ -42,8 +42,9 @@ def drop_neutral(owner: str, given: dict[str, Any], own: Iterable[str], table: d
                  hints: dict[str, str] | None = None, noun: str = "argument") -> dict[str, Any]:
     """``given`` (keyword arguments of ``owner``) without the names of ``table`` at a neutral value. A name of
     ``table`` at another value is a :class:`SpecDecError` (:func:`check_neutral`, ``hints[name]`` a parenthesis
-    saying what to do instead); a name neither in ``own`` nor in ``table``, one that suggests the closest of
-    ``own`` (``noun``: what ``owner`` calls its names)."""
+    saying what to do instead); a name neither in ``own`` nor in ``table``, one that says ``hints[name]`` (a name
+    of vLLM's that means something else here) or else suggests the closest of ``own`` (``noun``: what ``owner``
+    calls its names)."""
     own = list(own)
     kept = {}
     for name, value in given.items():
@@ -51,6 +52,8 @@ def drop_neutral(owner: str, given: dict[str, Any], own: Iterable[str], table: d
             kept[name] = value
         elif name in table:
             check_neutral(name, value, table[name], hint=(hints or {}).get(name, ""))
+        elif name in (hints or {}):
+            raise SpecDecError(f"{owner} has no {noun} {name!r}{hints[name]}")
         else:
             close = difflib.get_close_matches(name, own, n=1)
             raise SpecDecError(f"{owner} has no {noun} {name!r}"
@@ -76,5 +79,6 @@ class VLLMNames(type):
         own, positional = _parameters(cls)
         if len(args) > len(positional):
             raise SpecDecError(f"{cls.__name__} takes at most {len(positional)} positional arguments "
-                               f"({', '.join(positional)}), got {len(args)}")
+                               f"({', '.join(positional)}), got {len(args)}" if positional else
+                               f"{cls.__name__} takes keyword arguments only, got {len(args)} positional")
         return super().__call__(*args, **drop_neutral(cls.__name__, kwargs, own, table, hints, noun))
