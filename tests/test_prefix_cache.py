@@ -217,3 +217,18 @@ def test_eagle_pool_keys_cover_the_token_after_each_entry_and_the_first():
     c = [7] + a[1:]  # differs at t_0 only
     assert PairKeys(a, 100)[0:16] != PairKeys(c, 100)[0:16] and PairKeys(a, 100)[16:32] == PairKeys(c, 100)[16:32]
     assert len(PairKeys(a, 100)) == len(a) - 1 and a == list(range(1, 40))  # the tokens are not changed
+
+
+def test_each_output_says_how_many_prompt_tokens_came_from_the_cache(target):
+    """``RequestOutput.num_cached_tokens`` (vLLM's): whole blocks of the prompt found in the prefix cache at
+    admission, 0 for a first prompt and without the cache; the sum over requests is the pool's hit count."""
+    llm = _llm(target, True)
+    first = llm.generate({"prompt_token_ids": SYSTEM}, GREEDY)[0]
+    again = llm.generate({"prompt_token_ids": SYSTEM + [5, 6]}, GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens == len(SYSTEM) // BLOCK_SIZE * BLOCK_SIZE > 0
+    assert again.num_cached_tokens == again.metrics.to_dict()["num_cached_tokens"]
+    assert first.num_cached_tokens + again.num_cached_tokens == llm.engine.cache.prefix.hits
+    off = _llm(target, False)
+    off.generate({"prompt_token_ids": SYSTEM}, GREEDY)
+    assert off.generate({"prompt_token_ids": SYSTEM + [5, 6]}, GREEDY)[0].num_cached_tokens == 0

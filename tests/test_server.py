@@ -548,3 +548,24 @@ def test_stop_reason_names_what_ended_the_output(spec_server, offline):
         served = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=6,
                                            extra_body={"stop_token_ids": first, "include_stop_str_in_output": include})
         assert served.choices[0].text == expected == llm.tokenizer.decode(first if include else [])
+
+
+def test_usage_says_how_many_prompt_tokens_the_prefix_cache_held(plain_server):
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens``: the second time a prompt is sent, its whole blocks
+    come from the prefix cache; each prompt of a batch counts once, whatever ``n``."""
+    prompt = "def cached(x):\n    return x + 1\n" * 2
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def cached(**body):
+        response = httpx.post(plain_server.root + "/v1/completions", headers=headers,
+                              json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **body})
+        assert response.status_code == 200, response.text
+        details = response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return details, response.json()["usage"]["prompt_tokens"]
+
+    cached()
+    again, tokens = cached()
+    assert again == (tokens - 1) // 16 * 16 > 0  # whole blocks, the last token always computed (its logits)
+    assert cached(n=2) == (again, tokens)  # the prompt counted once, as in prompt_tokens
+    both, twice = cached(prompt=[prompt, prompt + "#"])
+    assert twice > tokens and both >= 2 * again

@@ -23,9 +23,12 @@ class RequestMetrics:
     ``num_accepted_tokens``). ``k_choices``: with ``num_speculative_tokens="auto"``, the steps on which the
     policy chose each k for the request (``{k: steps}``, 0 = no drafts). ``time_grammar_compile``: seconds
     spent compiling the request's structured-output constraint (0.0 when it was cached or there is none).
+    ``num_cached_tokens``: the prompt tokens the prefix cache held when the request was admitted (fed from the
+    cache, not computed; vLLM's ``RequestOutput.num_cached_tokens``).
     """
 
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
     num_generated_tokens: int = 0
     num_steps: int = 0
     num_drafts: int = 0
@@ -102,7 +105,7 @@ class RequestMetrics:
 
     def merge(self, other: RequestMetrics) -> None:
         """Add another request's counters and timers into this one (for aggregates)."""
-        for name in ("num_prompt_tokens", "num_generated_tokens", "num_steps", "num_drafts",
+        for name in ("num_prompt_tokens", "num_cached_tokens", "num_generated_tokens", "num_steps", "num_drafts",
                      "num_draft_tokens", "num_accepted_tokens", "time_prefill", "time_drafting",
                      "time_target", "time_other", "inner_steps", "inner_draft_tokens", "inner_accepted_tokens",
                      "time_grammar_compile"):

@@ -31,7 +31,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The result of one prompt."""
+    """The result of one prompt (vLLM's fields of that name; ``num_cached_tokens``: the prompt tokens read from
+    the prefix cache, not computed)."""
 
     request_id: str
     prompt: str | None
@@ -39,6 +40,10 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.metrics.num_cached_tokens
 
 
 @dataclass

@@ -157,5 +157,7 @@ class PromptFeed:
                 firsts.add(first)
             self.cache.release(s.slot)
             cached = self.cache.match_prefix(s.slot, s.token_ids) if lookup else 0
+            if not s.metrics.num_steps:  # its first admission (a preempted sequence's output is cached too)
+                s.metrics.num_cached_tokens = cached
             self.prefilling[s.request_id] = [self.features.read(s.slot, cached)] if cached and self.features else []
         return [s for s in seqs if s.request_id in self.prefilling]

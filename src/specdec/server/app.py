@@ -113,6 +113,7 @@ class Submission:
         self.outbox: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         fields, n = prepared.request, prepared.request.n
+        self.n = n
         self.prompt_tokens = sum(len(ids) for _, ids in prepared.prompts)
         self.jobs = [Job(p * n + c, {"prompt": text, "prompt_token_ids": ids},
                          fields.sampling_params(prepared.max_tokens, c), self.outbox, loop)
@@ -173,7 +174,10 @@ class Submission:
         for choice in self.choices:
             if choice.metrics is not None:
                 total.merge(choice.metrics)
-        return usage(self.prompt_tokens, sum(c.num_tokens for c in self.choices), total)
+        # Each prompt counted once, as its first choice found the cache (the others find the first's blocks).
+        firsts = [choice.metrics for choice in self.choices[:: self.n]]
+        cached = None if None in firsts else sum(m.num_cached_tokens for m in firsts)
+        return usage(self.prompt_tokens, sum(c.num_tokens for c in self.choices), total, cached)
 
     def choice_usage(self, index: int) -> dict[str, Any]:
         prompt = self.jobs[index].prompt["prompt_token_ids"]

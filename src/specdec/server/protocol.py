@@ -402,10 +402,14 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics | None) -> dict[str, Any]:
-    """OpenAI's ``usage`` plus the :data:`USAGE_EXTENSION` speculative metrics."""
+def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics | None,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage`` (with ``prompt_tokens_details.cached_tokens``, the prompt tokens read from the prefix
+    cache, where ``cached_tokens`` is known) plus the :data:`USAGE_EXTENSION` speculative metrics."""
     data: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        data["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     if metrics is not None:
         data[USAGE_EXTENSION] = {
             "num_steps": metrics.num_steps, "num_drafts": metrics.num_drafts,
