@@ -226,6 +226,7 @@ def test_each_output_says_how_many_prompt_tokens_came_from_the_cache(target):
     first = llm.generate({"prompt_token_ids": SYSTEM}, GREEDY)[0]
     again = llm.generate({"prompt_token_ids": SYSTEM + [5, 6]}, GREEDY)[0]
     assert first.num_cached_tokens == 0
+    assert first.prompt_logprobs is None and first.outputs[0].finished()  # vLLM's other fields read alike
     assert again.num_cached_tokens == len(SYSTEM) // BLOCK_SIZE * BLOCK_SIZE > 0
     assert again.num_cached_tokens == again.metrics.to_dict()["num_cached_tokens"]
     assert first.num_cached_tokens + again.num_cached_tokens == llm.engine.cache.prefix.hits

@@ -28,6 +28,10 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     stop_reason: str | int | None = None
 
+    def finished(self) -> bool:
+        """Whether the sequence ended (vLLM's method): it has a ``finish_reason``."""
+        return self.finish_reason is not None
+
 
 @dataclass
 class RequestOutput:
@@ -44,6 +48,11 @@ class RequestOutput:
     @property
     def num_cached_tokens(self) -> int:
         return self.metrics.num_cached_tokens
+
+    @property
+    def prompt_logprobs(self) -> None:
+        """vLLM's field: None, as there when ``SamplingParams.prompt_logprobs`` is not set (specdec refuses it)."""
+        return None
 
 
 @dataclass
