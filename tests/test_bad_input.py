@@ -263,6 +263,9 @@ def test_bad_ngram_bounds(model_dirs):
     with pytest.raises(SpecDecError, match="prompt_lookup_min <= prompt_lookup_max"):
         LLM(model_dirs["llama"]["target"],
             speculative_config={"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+    alone = LLM(model_dirs["llama"]["target"], dtype="float64",  # a minimum alone: vLLM takes it as the maximum too
+                speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5})
+    assert (alone.speculative_config.prompt_lookup_min, alone.speculative_config.prompt_lookup_max) == (5, 5)
 
 
 def test_draft_with_different_vocabulary(model_dirs, tmp_path):

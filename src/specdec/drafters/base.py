@@ -208,6 +208,9 @@ class SpeculativeConfig:
             close = [f"{key!r}: {VLLM_CLOSE[key]}" for key in unknown if key in VLLM_CLOSE]
             raise SpecDecError(f"unknown speculative_config keys {unknown}; known keys are {sorted(known)}"
                                + (f" (vLLM's {'; '.join(close)})" if close else ""))
+        low = data.get("prompt_lookup_min")
+        if "prompt_lookup_max" not in data and isinstance(low, int) and low > cls.prompt_lookup_max:
+            data = {**data, "prompt_lookup_max": low}  # a minimum alone above the default maximum: vLLM's max = min
         if "method" not in data:
             if data.get("model") is None:
                 raise SpecDecError("speculative_config needs a 'method' (or a 'model' to infer it from)")
