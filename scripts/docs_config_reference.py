@@ -97,12 +97,14 @@ def _prometheus_table() -> list[str]:
     ``specdec serve`` registers them (over an empty pool and scheduler; process collectors left out)."""
     from types import SimpleNamespace
 
+    from specdec.engine_metrics import Latencies
     from specdec.metrics import BatchMetrics
     from specdec.server.metrics import ServerMetrics
 
     metrics = ServerMetrics("model")
     empty_pool = SimpleNamespace(num_used_blocks=0, num_blocks=0, block_size=16, prefix_cache_counts=lambda: (0, 0))
-    metrics.watch_engine(BatchMetrics(), empty_pool, SimpleNamespace(num_preemptions=0, num_running=0, waiting=()))
+    metrics.watch_engine(BatchMetrics(), empty_pool, SimpleNamespace(num_preemptions=0, num_running=0, waiting=()),
+                         Latencies())
     rows = ["| name | type | meaning |", "| --- | --- | --- |"]
     for family in metrics.registry.collect():
         if family.name.startswith("process_"):

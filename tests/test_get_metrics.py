@@ -1,10 +1,10 @@
-"""``LLM.get_metrics()`` (vLLM's offline metrics API): the engine's figures as Counter, Gauge and Vector objects
-under vLLM's names, equal to what the requests themselves counted (a stop string that cuts an accepted run
+"""``LLM.get_metrics()`` (vLLM's offline metrics API): the engine's figures as Counter, Gauge, Vector and Histogram
+objects under vLLM's names, equal to what the requests themselves counted (a stop string that cuts an accepted run
 takes its tokens back from both), read by the loop of vLLM's speculative-decoding example unchanged."""
 
 from specdec import LLM, SamplingParams
 from specdec.metrics import RequestMetrics
-from specdec.metrics_reader import Counter, Gauge, Vector
+from specdec.metrics_reader import Counter, Gauge, Histogram, Vector
 
 PROMPTS = [[3, 5, 7, 3, 5, 7, 11, 3, 5], [42, 1, 17, 29, 8, 64, 2], [7], [90, 91, 90, 91, 90]]
 
@@ -64,6 +64,15 @@ def test_the_counters_are_the_requests_own(model_dirs):
     assert len(per_position.values) == 4
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert isinstance(metrics[name], Gauge) and metrics[name].value == 0, name  # all done: nothing held
+
+    # The requests' latencies: a first token each, an inter-token latency for every token after a request's first
+    # output (one to k + 1 tokens), an end-to-end latency each.
+    ttft, itl, e2e = (metrics[f"vllm:{name}"] for name in ("time_to_first_token_seconds",
+                                                          "inter_token_latency_seconds", "e2e_request_latency_seconds"))
+    assert all(isinstance(h, Histogram) for h in (ttft, itl, e2e))
+    assert (ttft.count, e2e.count) == (4, 4) and 4 * 24 - 4 * 5 <= itl.count <= 4 * 24 - 4
+    assert ttft.buckets["+Inf"] == 4 and list(ttft.buckets.values()) == sorted(ttft.buckets.values())
+    assert 0 < ttft.sum < e2e.sum and itl.sum < e2e.sum
 
     tau, rates = vllm_example_acceptance(llm.get_metrics(), num_spec_tokens=4)
     assert tau == 1 + total.num_accepted_tokens / total.num_drafts > 1

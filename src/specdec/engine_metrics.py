@@ -24,25 +24,80 @@ counted twice. Every series carries a ``model_name`` label.
   constraints compiled (cache misses) and the time it took.
 - ``specdec:spec_decode_k_choices_total{batch_size,k}`` / ``specdec:spec_decode_speculation_off_steps_total
   {batch_size}``: the speculation policy's decisions by the step's rows (the power of two at or below).
+- ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds``:
+  histograms of seconds (:class:`Latencies`), measured when a step's output is filed with its request: time to
+  first token from the request's arrival, inter-token latency per token (a step that emits ``m`` tokens after a
+  gap ``g`` counts ``m`` latencies of ``g / m``; the tokens of the first output are covered by the time to first
+  token; vLLM observes one latency per step, whatever the step emits), end-to-end latency when it ends.
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass, field
+
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from specdec.metrics import BatchMetrics
 from specdec.models.base import KVCache
 from specdec.scheduler import Scheduler
 
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass
+class Buckets:
+    """A histogram's counts: ``counts[i]`` the observations at most ``bounds[i]`` and above the bound before
+    (the last, past every bound), and their ``total``."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus' buckets: ``(le, observations at most le)``, ``+Inf`` last."""
+        running, out = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], list(self.counts)):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class Latencies:
+    """An engine's request latencies in seconds, as its ``LLM`` files each step's outputs (see the module's
+    docstring): time to first token, inter-token latency per token, end-to-end latency."""
+
+    ttft: Buckets = field(default_factory=lambda: Buckets(TTFT_BUCKETS))
+    itl: Buckets = field(default_factory=lambda: Buckets(ITL_BUCKETS))
+    e2e: Buckets = field(default_factory=lambda: Buckets(E2E_BUCKETS))
+
+    def record_tokens(self, first: bool, gap: float, count: int) -> None:
+        """``count`` tokens filed ``gap`` seconds after the request's previous output (after its arrival when
+        ``first``)."""
+        if count and first:
+            self.ttft.observe(gap)
+        elif count:
+            self.itl.observe(gap / count, times=count)
+
 
 def watch_engine(registry: CollectorRegistry, batch: BatchMetrics, cache: KVCache, scheduler: Scheduler,
-                 model_name: str) -> None:
+                 latencies: Latencies, model_name: str) -> None:
     """Register in ``registry`` every collector of an engine: its ``batch`` metrics, its target pool
-    (``cache``) and its ``scheduler``, labelled ``model_name``."""
+    (``cache``), its ``scheduler`` and its requests' ``latencies``, labelled ``model_name``."""
     for collector in (SchedulerCollector(scheduler, model_name), SpecDecodeCollector(batch, model_name),
-                      KVCacheCollector(cache, scheduler, model_name), GrammarCollector(batch, model_name),
-                      PolicyCollector(batch, model_name)):
+                      LatencyCollector(latencies, model_name), KVCacheCollector(cache, scheduler, model_name),
+                      GrammarCollector(batch, model_name), PolicyCollector(batch, model_name)):
         registry.register(collector)
 
 
@@ -87,6 +142,26 @@ class SpecDecodeCollector:
         for position, count in enumerate(list(batch.accepted_per_position)):
             per_position.add_metric([name, str(position)], count)
         return [*families, per_position]
+
+
+class LatencyCollector:
+    """An engine's :class:`Latencies` as vLLM's histograms."""
+
+    def __init__(self, latencies: Latencies, model_name: str) -> None:
+        self.latencies, self.model_name = latencies, model_name
+
+    def collect(self):
+        families = []
+        for name, doc, buckets in (
+                ("vllm:time_to_first_token_seconds", "Time to first token.", self.latencies.ttft),
+                ("vllm:inter_token_latency_seconds", "Inter-token latency, per token (a step that emits m tokens "
+                 "after a gap g counts m latencies of g/m; the first output's tokens count in the time to first "
+                 "token).", self.latencies.itl),
+                ("vllm:e2e_request_latency_seconds", "End-to-end request latency.", self.latencies.e2e)):
+            family = HistogramMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], buckets.cumulative(), sum_value=buckets.total)
+            families.append(family)
+        return families
 
 
 class KVCacheCollector:

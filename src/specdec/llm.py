@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Sequence_
@@ -31,7 +32,7 @@ from specdec.adaptive import make_policy
 from specdec.chat import chat_prompts
 from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
-from specdec.engine_metrics import watch_engine
+from specdec.engine_metrics import Latencies, watch_engine
 from specdec.errors import SpecDecError
 from specdec.llm_args import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, VLLM_NEUTRAL, check_arguments
 from specdec.logprobs import Logprob, TokenLogprobs
@@ -61,6 +62,8 @@ class _Request:
     pending: deque[StreamOutput] = field(default_factory=deque)
     done: bool = False
     error: BaseException | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    last: float | None = None  # when its last output with tokens was filed
 
 
 class LLM(metaclass=VLLMNames):
@@ -187,6 +190,7 @@ class LLM(metaclass=VLLMNames):
         self._grammar_cache: GrammarCache | None = None  # built at the first constrained request
         self._grammar_lock = threading.Lock()  # not the model's: a server handler compiles while a step runs
         self._registry: CollectorRegistry | None = None  # get_metrics' collectors, registered at its first call
+        self.latencies = Latencies()  # of the requests' outputs as they are filed (:meth:`_file`)
 
     @property
     def model_name(self) -> str:
@@ -212,7 +216,8 @@ class LLM(metaclass=VLLMNames):
         ``/metrics``)."""
         if self._registry is None:
             self._registry = CollectorRegistry()
-            watch_engine(self._registry, self.engine.metrics, self.engine.cache, self.scheduler, self.model_name)
+            watch_engine(self._registry, self.engine.metrics, self.engine.cache, self.scheduler, self.latencies,
+                         self.model_name)
         return read_metrics(self._registry)
 
     # ------------------------------------------------------------------ prompts
@@ -259,7 +264,8 @@ class LLM(metaclass=VLLMNames):
         return GrammarState(matcher, self._grammar_cache.eos_ids), seconds
 
     # ------------------------------------------------------------------ requests
-    def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool) -> _Request:
+    def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool,
+                arrival: float | None = None) -> _Request:
         with self._lock:
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
             stop_ids = set(params.stop_token_ids or ())
@@ -275,6 +281,8 @@ class LLM(metaclass=VLLMNames):
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
                                                        include_stop=params.include_stop_str_in_output))
+            if arrival is not None:
+                request.arrival = arrival
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)
             self.engine.metrics.num_prompt_tokens += len(prompt_ids)
@@ -303,17 +311,19 @@ class LLM(metaclass=VLLMNames):
                     raise SpecDecError(f"request {request.seq.request_id} was aborted")
                 self.step()
 
-    def submit(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> _Request:
+    def submit(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
+               arrival: float | None = None) -> _Request:
         """Queue one prompt for a serving loop that calls :meth:`step` itself; returns its handle.
 
         After each ``step`` the handle's ``pending`` deque holds the request's new
         :class:`StreamOutput` objects (text deltas; the last one ``finished``); ``error`` is set when a
         step failed. A bad prompt or bad parameters raise here (the checks of :meth:`generate`).
-        ``abort(handle.seq.request_id)`` cancels it.
+        ``abort(handle.seq.request_id)`` cancels it. ``arrival``: when the request arrived
+        (``time.perf_counter()``; None: now), the start of its latencies.
         """
         params = self.check_params(sampling_params)
         text, prompt_ids = self.encode_prompt(prompt)
-        return self._submit(text, prompt_ids, params, streaming=True)
+        return self._submit(text, prompt_ids, params, streaming=True, arrival=arrival)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every prefix the target's and the drafter's pools cache that no request in flight uses (vLLM's
@@ -363,7 +373,14 @@ class LLM(metaclass=VLLMNames):
             and (params.ignore_eos or last not in self._eos_ids) else None)
         request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason,
                                             request.seq.metrics, logprobs, stop_reason))
+        now = time.perf_counter()
+        if out.token_ids:
+            first = request.last is None
+            self.latencies.record_tokens(first, now - (request.arrival if first else request.last),
+                                         len(out.token_ids))
+            request.last = now
         if finished:
+            self.latencies.e2e.observe(now - request.arrival)
             request.done = True
             del self._requests[out.request_id]
             if not out.finish_reason:  # a stop string ended it before the engine did

@@ -9,7 +9,7 @@
 
 Names are the Prometheus family names without a counter's ``_total`` (as vLLM's reader gives them); the
 metrics are those of :mod:`specdec.engine_metrics`, the same figures ``specdec serve`` exposes in
-``/metrics``.
+``/metrics`` (the requests' latencies among them, as :class:`Histogram` objects).
 """
 
 from __future__ import annotations
@@ -52,9 +52,19 @@ class Vector(Metric):
     values: list[int]
 
 
+@dataclass
+class Histogram(Metric):
+    """Observations: their ``count`` and ``sum``, and ``buckets`` (upper bound as Prometheus writes it, ``"+Inf"``
+    last: the observations at most that bound)."""
+
+    count: int
+    sum: float
+    buckets: dict[str, int]
+
+
 def read_metrics(registry: CollectorRegistry) -> list[Metric]:
-    """Every counter and gauge series of ``registry``, the per-position counter as one :class:`Vector` per
-    set of its other labels."""
+    """Every counter, gauge and histogram series of ``registry``, the per-position counter as one :class:`Vector`
+    per set of its other labels."""
     metrics: list[Metric] = []
     for family in registry.collect():
         if family.name == PER_POSITION[0]:
@@ -71,9 +81,26 @@ def read_metrics(registry: CollectorRegistry) -> list[Metric]:
                            for sample in family.samples if sample.name.endswith("_total"))
         elif family.type == "gauge":
             metrics.extend(Gauge(family.name, dict(sample.labels), float(sample.value)) for sample in family.samples)
+        elif family.type == "histogram":
+            metrics.extend(_histograms(family))
     return metrics
 
 
 def _number(value: float) -> int | float:
     """A counter's value as an integer where it is whole (token and step counts), else as it is (seconds)."""
     return int(value) if float(value).is_integer() else value
+
+
+def _histograms(family) -> list[Histogram]:
+    """A histogram family's series, one :class:`Histogram` per set of labels (``le`` aside)."""
+    series: dict[tuple, dict] = {}
+    for sample in family.samples:
+        labels = {k: v for k, v in sample.labels.items() if k != "le"}
+        entry = series.setdefault(tuple(sorted(labels.items())), {"buckets": {}, "count": 0, "sum": 0.0})
+        if sample.name.endswith("_bucket"):
+            entry["buckets"][sample.labels["le"]] = int(sample.value)
+        elif sample.name.endswith("_count"):
+            entry["count"] = int(sample.value)
+        elif sample.name.endswith("_sum"):
+            entry["sum"] = float(sample.value)
+    return [Histogram(family.name, dict(key), e["count"], e["sum"], e["buckets"]) for key, e in series.items()]

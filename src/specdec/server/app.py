@@ -322,7 +322,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
-    metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler)
+    metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler, llm.latencies)
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)

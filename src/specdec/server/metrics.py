@@ -8,11 +8,8 @@ The engine's own figures (requests running and waiting, tokens, drafts, the KV p
 decisions) are :mod:`specdec.engine_metrics`' collectors, read at each scrape, the same that
 ``LLM.get_metrics()`` reads; this module adds what only the server sees.
 
-Latencies are seconds measured by the engine worker when it hands a step's output over:
-time to first token from the request's arrival, inter-token latency per token (a step that
-emits ``m`` tokens after a gap ``g`` counts ``m`` latencies of ``g / m``; the tokens of the
-first output are covered by the time to first token), end-to-end latency at the end. (vLLM observes one
-inter-token latency per step, whatever the step emits.)
+The requests' latencies are the engine's too (:class:`specdec.engine_metrics.Latencies`), from each request's
+arrival at the server (the worker passes it to ``LLM.submit``).
 """
 
 from __future__ import annotations
@@ -20,14 +17,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 
 from specdec.engine import StepOutput
-from specdec.engine_metrics import watch_engine
+from specdec.engine_metrics import Latencies, watch_engine
 from specdec.metrics import BatchMetrics
 from specdec.models.base import KVCache
 from specdec.scheduler import Scheduler
 
-TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DRAFT_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 FINISH_REASONS = ("stop", "length", "abort")
@@ -51,14 +45,6 @@ class ServerMetrics:
             self._success.labels(model_name, reason)
         self._aborted = counter("specdec:request_aborted", "Sequences aborted (client gone or shutdown).").labels(
             model_name)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", label,
-                              buckets=TTFT_BUCKETS, registry=registry).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency, per token (a step that emits "
-                             "m tokens after a gap g counts m latencies of g/m; the first output's tokens count in "
-                             "the time to first token).", label,
-                             buckets=ITL_BUCKETS, registry=registry).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", label,
-                             buckets=E2E_BUCKETS, registry=registry).labels(model_name)
         self.batch_size = Histogram("specdec:step_batch_size", "Sequences in each engine step.", label,
                                     buckets=BATCH_BUCKETS, registry=registry).labels(model_name)
         self.draft_length = Histogram(
@@ -71,11 +57,11 @@ class ServerMetrics:
             model_name)
         self._model_name = model_name
 
-    def watch_engine(self, batch: BatchMetrics, cache: KVCache, scheduler: Scheduler) -> None:
+    def watch_engine(self, batch: BatchMetrics, cache: KVCache, scheduler: Scheduler, latencies: Latencies) -> None:
         """Expose an engine's own figures, read at each scrape (:func:`specdec.engine_metrics.watch_engine`: its
-        ``batch`` metrics, its target pool ``cache`` and its ``scheduler``). ``specdec serve`` and the
-        configuration reference both register through here."""
-        watch_engine(self.registry, batch, cache, scheduler, self._model_name)
+        ``batch`` metrics, its target pool ``cache``, its ``scheduler`` and its requests' ``latencies``).
+        ``specdec serve`` and the configuration reference both register through here."""
+        watch_engine(self.registry, batch, cache, scheduler, latencies, self._model_name)
 
     def record_step(self, outputs: list[StepOutput]) -> None:
         """Count one engine step: its batch size and each row's draft length."""
@@ -85,21 +71,9 @@ class ServerMetrics:
         for out in outputs:
             self.draft_length.observe(out.num_drafted)
 
-    def record_tokens(self, first: bool, gap: float, count: int) -> None:
-        """``count`` tokens handed over ``gap`` seconds after the request's previous output (or after
-        its arrival when ``first``)."""
-        if count == 0:
-            return
-        if first:
-            self.ttft.observe(gap)
-            return
-        for _ in range(count):
-            self.itl.observe(gap / count)
-
-    def record_finish(self, reason: str, seconds: float) -> None:
-        """A sequence that ended with ``reason`` (``"stop"`` or ``"length"``) ``seconds`` after it arrived."""
+    def record_finish(self, reason: str) -> None:
+        """A sequence that ended with ``reason`` (``"stop"`` or ``"length"``)."""
         self._success.labels(self._model_name, reason).inc()
-        self.e2e.observe(seconds)
 
     def record_abort(self) -> None:
         """A sequence aborted before it ended (its client went away, or the server is shutting down)."""

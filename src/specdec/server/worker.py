@@ -76,7 +76,6 @@ class Job:
     arrival: float = field(default_factory=time.perf_counter)
     request_id: str | None = None
     _handle: Any = None
-    _last: float | None = None
 
     def deliver(self, item: StreamOutput | BaseException) -> None:
         """Hand ``item`` to the job's event loop (a closed loop means its client is gone)."""
@@ -141,7 +140,7 @@ class EngineWorker:
                 return False
             if kind == "submit":
                 try:
-                    job._handle = self.llm.submit(job.prompt, job.params)
+                    job._handle = self.llm.submit(job.prompt, job.params, arrival=job.arrival)
                 except Exception as exc:  # validated by the handler already; a failure here is a bug
                     log.exception("submitting a request failed")
                     job.deliver(exc)
@@ -165,7 +164,6 @@ class EngineWorker:
                 job.deliver(exc)
             self._jobs.clear()
             return
-        now = time.perf_counter()
         self.metrics.record_step(outputs)
         for out in outputs:
             job = self._jobs.get(out.request_id)
@@ -178,11 +176,7 @@ class EngineWorker:
                 continue
             while job._handle.pending:
                 item = job._handle.pending.popleft()
-                first = job._last is None
-                self.metrics.record_tokens(first, now - (job.arrival if first else job._last), len(item.token_ids))
-                if item.token_ids:
-                    job._last = now
                 if item.finished:
-                    self.metrics.record_finish(item.finish_reason or "abort", now - job.arrival)
+                    self.metrics.record_finish(item.finish_reason)
                     del self._jobs[out.request_id]
                 job.deliver(item)
