@@ -413,11 +413,8 @@ class Engine:
         """``out`` cut to its first ``keep`` tokens (a stop string in its text ended the output there), with the cut
         tokens and accepted drafts taken back from its request's ``metrics`` and from the engine's."""
         accepted, dropped = min(out.num_accepted, keep), len(out.token_ids) - keep
-        metrics.take_back(dropped, out.num_accepted, accepted)
-        self.metrics.num_generated_tokens -= dropped
-        self.metrics.num_accepted_tokens -= out.num_accepted - accepted
-        for i in range(accepted, out.num_accepted):
-            self.metrics.accepted_per_position[i] -= 1
+        for counts in (metrics, self.metrics):
+            counts.take_back(dropped, out.num_accepted, accepted)
         logprobs = None if out.logprobs is None else out.logprobs[:keep]
         return dataclasses.replace(out, token_ids=out.token_ids[:keep], num_accepted=accepted, logprobs=logprobs)
 
@@ -426,14 +423,7 @@ class Engine:
         m.num_steps += 1
         m.num_rows += len(seqs)
         for out in outputs:
-            m.num_generated_tokens += len(out.token_ids)
-            if out.num_drafted:
-                m.num_drafts += 1
-                m.num_draft_tokens += out.num_drafted
-                m.num_accepted_tokens += out.num_accepted
-                m.accepted_per_position.extend([0] * (out.num_drafted - len(m.accepted_per_position)))
-                for i in range(out.num_accepted):
-                    m.accepted_per_position[i] += 1
+            m.count_step(out.num_drafted, out.num_accepted, len(out.token_ids))
         m.time_drafting += times["drafting"]
         m.time_target += times["target"]
         m.time_other += times["other"]

@@ -54,7 +54,7 @@ class Buckets:
     (the last, past every bound), and their ``total``."""
 
     bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
+    counts: list[int] = field(init=False)
     total: float = 0.0
 
     def __post_init__(self) -> None:

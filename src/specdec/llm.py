@@ -62,7 +62,7 @@ class _Request:
     pending: deque[StreamOutput] = field(default_factory=deque)
     done: bool = False
     error: BaseException | None = None
-    arrival: float = field(default_factory=time.perf_counter)
+    arrival: float = 0.0  # time.perf_counter() when it arrived
     last: float | None = None  # when its last output with tokens was filed
 
 
@@ -212,8 +212,8 @@ class LLM(metaclass=VLLMNames):
 
     def get_metrics(self) -> list[Metric]:
         """The engine's metrics now, as vLLM's ``LLM.get_metrics()`` returns them (:mod:`specdec.metrics_reader`:
-        ``Counter``, ``Gauge`` and ``Vector`` objects under vLLM's names, the figures of ``specdec serve``'s
-        ``/metrics``)."""
+        ``Counter``, ``Gauge``, ``Vector`` and ``Histogram`` objects under vLLM's names, the figures of
+        ``specdec serve``'s ``/metrics``)."""
         if self._registry is None:
             self._registry = CollectorRegistry()
             watch_engine(self._registry, self.engine.metrics, self.engine.cache, self.scheduler, self.latencies,
@@ -280,9 +280,8 @@ class LLM(metaclass=VLLMNames):
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
-                                                       include_stop=params.include_stop_str_in_output))
-            if arrival is not None:
-                request.arrival = arrival
+                                                       include_stop=params.include_stop_str_in_output),
+                               arrival=time.perf_counter() if arrival is None else arrival)
             self._requests[seq.request_id] = request
             self.scheduler.add(seq)
             self.engine.metrics.num_prompt_tokens += len(prompt_ids)

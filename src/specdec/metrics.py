@@ -7,8 +7,43 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
-class RequestMetrics:
-    """Counters and timers of one request.
+class DraftCounts:
+    """Tokens emitted and drafts counted over a sequence's steps: one request's (:class:`RequestMetrics`), or an
+    engine's over every row of every step (:class:`BatchMetrics`). ``num_drafts``: the steps that drafted;
+    ``accepted_per_position``: drafts accepted at each draft position, as long as the longest draft."""
+
+    num_generated_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def count_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        """Count one sequence's step that drafted ``num_drafted``, accepted ``num_accepted`` and emitted
+        ``num_emitted``."""
+        self.num_generated_tokens += num_emitted
+        if num_drafted == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        self.accepted_per_position.extend([0] * (num_drafted - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def take_back(self, dropped: int, num_accepted: int, kept_accepted: int) -> None:
+        """Uncount what a sequence's last step counted past where the output ended (a stop string found in its
+        text): ``dropped`` emitted tokens, and of its ``num_accepted`` accepted drafts all but the first
+        ``kept_accepted``."""
+        self.num_generated_tokens -= dropped
+        self.num_accepted_tokens -= num_accepted - kept_accepted
+        for i in range(kept_accepted, num_accepted):
+            self.accepted_per_position[i] -= 1
+
+
+@dataclass
+class RequestMetrics(DraftCounts):
+    """Counters and timers of one request (:class:`DraftCounts` too).
 
     A step is one target forward over ``[pending, d_1..d_k]``; it emits ``accepted + 1``
     tokens (fewer when a stop condition falls inside the accepted run). Times are seconds:
@@ -29,12 +64,7 @@ class RequestMetrics:
 
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    num_generated_tokens: int = 0
     num_steps: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
     time_drafting: float = 0.0
@@ -50,29 +80,10 @@ class RequestMetrics:
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """Count one step that drafted ``num_drafted``, accepted ``num_accepted`` and emitted ``num_emitted``."""
         self.num_steps += 1
-        self.num_generated_tokens += num_emitted
-        if num_drafted == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafted
-        self.num_accepted_tokens += num_accepted
-        grow = num_drafted - len(self.drafted_per_position)
-        if grow > 0:
-            self.drafted_per_position.extend([0] * grow)
-            self.accepted_per_position.extend([0] * grow)
+        self.count_step(num_drafted, num_accepted, num_emitted)
+        self.drafted_per_position.extend([0] * (num_drafted - len(self.drafted_per_position)))
         for i in range(num_drafted):
             self.drafted_per_position[i] += 1
-        for i in range(num_accepted):
-            self.accepted_per_position[i] += 1
-
-    def take_back(self, dropped: int, num_accepted: int, kept_accepted: int) -> None:
-        """Uncount what the last step counted past where the output ended (a stop string found in its text):
-        ``dropped`` emitted tokens, and of its ``num_accepted`` accepted drafts all but the first
-        ``kept_accepted``."""
-        self.num_generated_tokens -= dropped
-        self.num_accepted_tokens -= num_accepted - kept_accepted
-        for i in range(kept_accepted, num_accepted):
-            self.accepted_per_position[i] -= 1
 
     @property
     def time_total(self) -> float:
@@ -135,13 +146,13 @@ class RequestMetrics:
 
 
 @dataclass
-class BatchMetrics:
-    """Counters and timers aggregated over engine steps (all requests together).
+class BatchMetrics(DraftCounts):
+    """Counters and timers aggregated over engine steps (all requests together; :class:`DraftCounts` over every
+    row of every step).
 
     ``num_rows`` sums the batch size of every step (``mean_batch_size`` = rows / steps);
     ``num_prompt_tokens``: prompt tokens submitted; ``num_drafts``: rows of steps that drafted (a sequence's
-    step with drafts counts once); ``accepted_per_position``: drafts accepted at each draft position, as long
-    as the longest draft (the engine's counts of :class:`RequestMetrics`' fields of those names);
+    step with drafts counts once);
     times are seconds per stage, summed over steps (CUDA events on a GPU, so each stage's
     asynchronous work is charged to that stage). ``drafter_choices``: with ``method="auto"``, the
     rows each candidate drafted for, summed over steps (see :class:`RequestMetrics`). ``inner_*``: a
@@ -160,11 +171,6 @@ class BatchMetrics:
     num_steps: int = 0
     num_rows: int = 0
     num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
     time_drafting: float = 0.0
     time_target: float = 0.0

@@ -296,7 +296,7 @@ class EagleDrafter(HeadDrafter):
         # Every row's tree grows the same levels, and each expansion writes its nodes into the layer's pool past
         # the row's committed length: a row without room for the deepest expansion (near the end of its context,
         # where the engine gave it a smaller k) sits this step out rather than write past its slot.
-        levels = tree_levels(max([ks[b] for b in fed] + [0]), r)
+        levels = tree_levels(max(ks[b] for b in fed), r)
         keep = [j for j, b in enumerate(fed)
                 if ks[b] > 0 and committed[seqs[b].slot] + (levels - 1) * r <= cache.capacity]
         rows = [fed[j] for j in keep]
