@@ -78,10 +78,9 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
     assert neutral.clone() == neutral and neutral.clone() is not neutral
     with pytest.raises(AttributeError, match="no attribute 'temprature'"):
         _ = neutral.temprature
-    for kwargs, words in [({"n": 2}, "n is not supported by specdec: only 1 is accepted, got 2 (one output per"),
-                          ({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),
-                          ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
-                          ({"logit_bias": {1: 2.0}}, "logit_bias is not supported"),
+    for kwargs, words in [({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),
+                          ({"bad_words": ["no"]}, "bad_words is not supported"),
+                          ({"prompt_logprobs": 2}, "prompt_logprobs is not supported"),
                           ({"temprature": 1.0}, "SamplingParams has no field 'temprature'; did you mean 'temperature'"),
                           ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p"),
                           ({"guided_decoding": {"regex": "a"}}, "SamplingParams has no field 'guided_decoding' "
@@ -151,6 +150,9 @@ def test_generate_takes_vllms_use_tqdm_and_refuses_a_lora_request(llm, capsys):
             made.append(self.n)
 
     assert len(llm.generate([{"prompt_token_ids": [1, 2]}] * 2, SamplingParams(max_tokens=2), use_tqdm=Bar)) == 2
+    assert made[0]["total"] == 2 and made[-1] == 2
+    made.clear()  # with n > 1 the bar counts prompts, each done when its n outputs are
+    assert len(llm.generate([{"prompt_token_ids": [1, 2]}] * 2, SamplingParams(max_tokens=2, n=3), use_tqdm=Bar)) == 2
     assert made[0]["total"] == 2 and made[-1] == 2
 
 

@@ -27,6 +27,22 @@ def test_json_output_fields(text_model_dirs, capsys):
         assert key in metrics
 
 
+def test_penalty_flags_reach_the_sampling_parameters(text_model_dirs, capsys):
+    """``--presence-penalty``, ``--frequency-penalty`` and ``--repetition-penalty``: the greedy output of the
+    Python API with the same parameters (and not the unpenalized one)."""
+    from specdec import LLM, SamplingParams
+
+    argv = ["generate", "def f(x):", "--model", str(text_model_dirs["target"]), "--max-tokens", "12", "--ignore-eos",
+            "--dtype", "float64", "--json", "--warmup", "0"]
+    penalties = {"presence_penalty": 1.0, "frequency_penalty": 0.5, "repetition_penalty": 1.4}
+    assert main([*argv, *(f"--{k.replace('_', '-')}={v}" for k, v in penalties.items())]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    llm = LLM(text_model_dirs["target"], dtype="float64")
+    expected, plain = (llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **p))
+                       [0].outputs[0].token_ids for p in (penalties, {}))
+    assert record["token_ids"] == expected != plain
+
+
 def test_max_tokens_past_the_context_is_said_once(text_model_dirs, capsys):
     """The API generates what max_model_len leaves after the prompt (as vLLM's offline LLM does); the command says
     so before it runs, where it was silent."""
@@ -166,6 +182,8 @@ BAD_VALUES = [
     (["x", "--temperature", "inf"], "temperature must be a finite number"),
     (["x", "--top-p", "nan"], "top_p must be in"),
     (["x", "--top-k", "-2"], "top_k must be an integer >= -1"),
+    (["x", "--presence-penalty", "3"], "presence_penalty must be a number in [-2, 2], got 3.0"),
+    (["x", "--repetition-penalty", "-1"], "repetition_penalty must be a finite number above 0"),
     (["x", "--max-tokens", "many"], "invalid int value"),
     (["x", "--stop", "\udcff"], "stop string is not valid UTF-8"),
     (["\udcff"], "prompt is not valid UTF-8 text"),

@@ -219,8 +219,11 @@ def test_greedy_speculation_equals_plain_bit_for_bit(bf16, plain_tokens, method)
     assert engine.batch_metrics.num_draft_tokens > 0
 
 
-SAMPLED = [SamplingParams(temperature=0.8, top_p=0.95, seed=10 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
-           for i in range(len(PROMPTS))]
+ADJUSTED = {"presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.2, "logit_bias": {7: 1.5}}
+SAMPLED = [SamplingParams(temperature=0.8, top_p=0.95, seed=10 + i, max_tokens=MAX_TOKENS, ignore_eos=True,
+                          **(ADJUSTED if i % 2 else {})) for i in range(len(PROMPTS))]
+"""Every other request with penalties and a bias (:mod:`specdec.penalties`): the drafter draws from adjusted
+logits, the target's are adjusted at every column, and the tokens stay plain decoding's."""
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,22 @@ BAD = [
     (COMPLETIONS, {"prompt": [1] * 100_000}, "at most 4864 values", None),
     (COMPLETIONS, {"prompt": [1] * 10 + ["a"]}, "prompt must be", "prompt"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a"] * 3000 + [",,,,"] * 2000}, "values", None),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"a1": 2}}, "logit_bias keys must be token ids", "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"-1": 2}}, "logit_bias keys must be token ids", "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias values must be in [-100, 100]",
+     "logit_bias"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1000000": 1}}, "outside the vocabulary",
+     "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": [1, 2]}, "logit_bias", "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty must be a number in [-2, 2]",
+     "presence_penalty"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": -3}, "frequency_penalty must be",
+     "frequency_penalty"),
+    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty must be a finite number above 0",
+     "repetition_penalty"),
+    (COMPLETIONS, {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids must be None or a non-empty list",
+     "allowed_token_ids"),
+    (COMPLETIONS, {"prompt": "x", "allowed_token_ids": [10**6]}, "outside the vocabulary", "allowed_token_ids"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, "min_tokens must be an integer in 0..max_tokens",
      "min_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 1, "guided_regex": "a+"},
@@ -131,7 +147,8 @@ def test_neutral_values_of_fields_not_implemented_are_accepted(served, field, va
 
 OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n",
             "stream", "stream_options", "user", "metadata", "response_format", "structured_outputs", "guided_json",
-            "guided_regex", "guided_choice", "guided_grammar", "logprobs", "min_tokens", "include_stop_str_in_output"]
+            "guided_regex", "guided_choice", "guided_grammar", "logprobs", "min_tokens", "include_stop_str_in_output",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids"]
 
 
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
@@ -164,7 +181,7 @@ def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
         "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty",
-        "k" + SURROGATE, "zz"]
+        "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
     st.text(max_size=6), st.sampled_from([SURROGATE, "a\udcff", "tiny", "€🙂", "x" * 300, 10**30, 1e308]),

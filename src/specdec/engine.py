@@ -39,6 +39,7 @@ from specdec.min_tokens import ban_early_stops, below_floor
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
+from specdec.penalties import DraftAdjuster, adjust, adjusted_rows
 from specdec.prompt_feed import PromptFeed
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
@@ -170,9 +171,13 @@ class Engine:
         setups = one_time_setups()
         grammars = [s.grammar for s in seqs]
         constrained = any(g is not None for g in grammars)
+        adjusting = adjusted_rows(seqs) if self.drafter is not None else []
+        members = dict(zip(adjusting, range(len(adjusting))))
         sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device,
                                  grammars if constrained else None,
-                                 [len(s.token_ids) for s in seqs] if self.deterministic else None)
+                                 [len(s.token_ids) for s in seqs] if self.deterministic else None,
+                                 DraftAdjuster([seqs[b] for b in adjusting]) if adjusting else None,
+                                 [members.get(b) for b in range(len(seqs))])
 
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
@@ -216,12 +221,15 @@ class Engine:
 
         # 3. Verify: greedy argmax matching, or exact rejection sampling, per row, in one call. With
         #    no drafts at all this is plain sampling from the target (what verification reduces to).
-        #    Rows below their min_tokens decide from logits without their stop tokens (:mod:`specdec.min_tokens`).
+        #    Rows below their min_tokens decide from logits without their stop tokens (:mod:`specdec.min_tokens`),
+        #    rows with penalties or biases from adjusted logits at every column (:mod:`specdec.penalties`).
         verified = logits  # the logits each emitted token was decided by: [B, V], or [B, K+1, V] below
-        early = below_floor(seqs)
+        early, adjusted = below_floor(seqs), adjusted_rows(seqs)
         if width == 0:  # logits are [B, V], one row per sequence
             if early:
                 logits = ban_early_stops(logits, seqs)
+            if adjusted:
+                logits = adjust(logits, seqs, adjusted)
             token = argmax(logits) if sampling.all_greedy else sampling.sample(sampling.probs(logits))
             result = [[t, 0] for t in token.tolist()]  # the step's one host sync
         else:
@@ -229,10 +237,12 @@ class Engine:
             if constrained:
                 target_logits = apply_bitmask(target_logits, masks)
             verified = target_logits
+            ancestors = (None if draft.parents is None or not (early or adjusted)
+                         else ancestor_mask(draft.parents, to_device(draft.num_draft, device)))
             if early:
-                tree_depth = (None if draft.parents is None
-                              else depths(ancestor_mask(draft.parents, to_device(draft.num_draft, device))))
-                target_logits = ban_early_stops(target_logits, seqs, tree_depth)
+                target_logits = ban_early_stops(target_logits, seqs, None if ancestors is None else depths(ancestors))
+            if adjusted:
+                target_logits = adjust(target_logits, seqs, adjusted, draft.tokens, draft.num_draft, ancestors)
             if sampling.all_greedy and draft.parents is None:
                 # Greedy chains are matched on the host: the step's one host sync reads the target's
                 # argmax and the drafts, [B, 2K+1], and each row keeps its matching prefix.

@@ -36,7 +36,7 @@ from specdec.engine_metrics import Latencies, watch_engine
 from specdec.errors import SpecDecError
 from specdec.llm_args import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, VLLM_NEUTRAL, check_arguments
 from specdec.logprobs import Logprob, TokenLogprobs
-from specdec.metrics import BatchMetrics
+from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.metrics_reader import Metric, read_metrics
 from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
@@ -228,18 +228,27 @@ class LLM(metaclass=VLLMNames):
         ``model_name`` (None: its folder or hub id)."""
         return encode(prompt, self.tokenizer, self.target, self.max_model_len, model_name)
 
-    def check_params(self, params: object) -> SamplingParams:
+    def check_params(self, params: object, single: bool = False) -> SamplingParams:
         """``params`` (None for the defaults) checked against the model: a :class:`SamplingParams`
-        whose ``stop_token_ids`` are inside the vocabulary."""
+        whose token ids (``stop_token_ids``, ``logit_bias``, ``allowed_token_ids``) are inside the vocabulary;
+        ``single``: with ``n`` 1 (a stream is one output)."""
         if params is None:
             return self.get_default_sampling_params()
         if not isinstance(params, SamplingParams):
             raise SpecDecError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        bad = [t for t in params.stop_token_ids if t >= self.target.vocab_size]
-        if bad:
-            raise SpecDecError(
-                f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})"
-            )
+        if single and params.n != 1:
+            raise SpecDecError(f"n is {params.n}, but a stream is one output: n > 1 is for generate and chat (or "
+                               f"submit the prompt n times, each with its own seed)")
+        vocab = self.target.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise SpecDecError(f"{name} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids)
+        if params.min_tokens and params.allowed_token_ids and stops.issuperset(params.allowed_token_ids):
+            raise SpecDecError(f"allowed_token_ids {list(params.allowed_token_ids)[:5]} are all stop tokens, which "
+                               f"min_tokens ({params.min_tokens}) bans: no first token could be generated")
         if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
             with self._grammar_lock:
                 self._grammars().compile(params.structured_outputs)
@@ -320,7 +329,7 @@ class LLM(metaclass=VLLMNames):
         ``abort(handle.seq.request_id)`` cancels it. ``arrival``: when the request arrived
         (``time.perf_counter()``; None: now), the start of its latencies.
         """
-        params = self.check_params(sampling_params)
+        params = self.check_params(sampling_params, single=True)
         text, prompt_ids = self.encode_prompt(prompt)
         return self._submit(text, prompt_ids, params, streaming=True, arrival=arrival)
 
@@ -409,7 +418,7 @@ class LLM(metaclass=VLLMNames):
         """Yield token ids and text deltas of one prompt as each step completes. Streams of one
         ``LLM`` may be consumed interleaved; closing one early aborts its request. A bad prompt
         raises here, at the call; the request joins the batch at the first ``next()``."""
-        params = self.check_params(sampling_params)
+        params = self.check_params(sampling_params, single=True)
         text, prompt_ids = self.encode_prompt(prompt)
         return self._stream(text, prompt_ids, params)
 
@@ -443,36 +452,39 @@ class LLM(metaclass=VLLMNames):
             raise SpecDecError("lora_request is not supported by specdec: it serves no LoRA adapters (only None)")
         prompts, params_list = paired(prompts, sampling_params, self.check_params)
         encoded = [self.encode_prompt(p) for p in prompts]
-        requests = [self._submit(text, ids, params, streaming=False)
-                    for (text, ids), params in zip(encoded, params_list)]
-        results = []
-        bar = _progress(len(requests), None if use_tqdm is True else use_tqdm) if use_tqdm else None
+        # A prompt with n > 1 is n requests (choice i seeded with seed + i), batched with the others.
+        groups = [[self._submit(text, ids, choice, streaming=False) for choice in params.choices()]
+                  for (text, ids), params in zip(encoded, params_list)]
+        bar = _progress(len(groups), None if use_tqdm is True else use_tqdm) if use_tqdm else None
+
+        def progress() -> None:
+            if bar is not None:
+                bar.update(sum(all(r.seq.finished for r in group) for group in groups) - bar.n)
+
         try:
-            for request in requests:
-                token_ids: list[int] = []
-                logprobs: list[TokenLogprobDict] | None = None if request.seq.params.logprobs is None else []
-                while True:
-                    out = self._next(request)
-                    if bar is not None:
-                        bar.update(sum(r.seq.finished for r in requests) - bar.n)
-                    token_ids.extend(out.token_ids)
-                    if logprobs is not None:
-                        logprobs.extend(out.logprobs or ())
-                    if out.finished:
-                        break
-                seq = request.seq
-                cumulative = None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, token_ids))
-                completion = CompletionOutput(0, request.tracker.finish(), token_ids, out.finish_reason, logprobs,
-                                              cumulative, out.stop_reason)
-                results.append(RequestOutput(seq.request_id, request.prompt, seq.prompt_ids, [completion], True,
-                                             seq.metrics))
+            return [self._request_output(group, progress) for group in groups]
         finally:
             if bar is not None:
                 bar.close()
-            for request in requests:
+            for request in (r for group in groups for r in group):
                 if not request.done:
                     self.abort(request.seq.request_id)
-        return results
+
+    def _request_output(self, group: list[_Request], progress: Callable[[], None]) -> RequestOutput:
+        """The :class:`RequestOutput` of one prompt's requests (its ``n`` choices), running steps until each
+        finished; ``progress`` is called after every step."""
+
+        def stream(request: _Request) -> Iterator[StreamOutput]:
+            while True:
+                out = self._next(request)
+                progress()
+                yield out
+
+        completions = [CompletionOutput.of_stream(i, stream(r), r.seq.params.logprobs is not None, r.tracker.finish)
+                       for i, r in enumerate(group)]
+        first = group[0].seq
+        metrics = first.metrics if len(group) == 1 else RequestMetrics.of_choices([r.seq.metrics for r in group])
+        return RequestOutput(first.request_id, group[0].prompt, first.prompt_ids, completions, True, metrics)
 
 
     def chat(

@@ -131,6 +131,16 @@ class RequestMetrics(DraftCounts):
         for k, count in other.k_choices.items():
             self.k_choices[k] = self.k_choices.get(k, 0) + count
 
+    @classmethod
+    def of_choices(cls, choices: list[RequestMetrics]) -> RequestMetrics:
+        """The metrics of one prompt's ``n`` outputs: their counters and timers added up, the prompt counted once
+        (as the first output fed it; the others found its blocks or fed it again)."""
+        total = cls()
+        for choice in choices:
+            total.merge(choice)
+        total.num_prompt_tokens, total.num_cached_tokens = choices[0].num_prompt_tokens, choices[0].num_cached_tokens
+        return total
+
     def to_dict(self) -> dict:
         """Counters, timers and derived rates as a JSON-ready dict."""
         data = asdict(self)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from specdec.logprobs import Logprob
@@ -31,6 +32,22 @@ class CompletionOutput:
     def finished(self) -> bool:
         """Whether the sequence ended (vLLM's method): it has a ``finish_reason``."""
         return self.finish_reason is not None
+
+    @classmethod
+    def of_stream(cls, index: int, stream: Iterable[StreamOutput], wants_logprobs: bool,
+                  text: Callable[[], str]) -> CompletionOutput:
+        """Output number ``index`` of a request, from its stream outputs (consumed to the finished one), and
+        ``text()``, its whole text once finished; ``wants_logprobs``: the request asked for logprobs."""
+        token_ids: list[int] = []
+        logprobs: list[TokenLogprobDict] | None = [] if wants_logprobs else None
+        for out in stream:
+            token_ids.extend(out.token_ids)
+            if logprobs is not None:
+                logprobs.extend(out.logprobs or ())
+            if out.finished:
+                break
+        cumulative = None if logprobs is None else sum(d[t].logprob for d, t in zip(logprobs, token_ids))
+        return cls(index, text(), token_ids, out.finish_reason, logprobs, cumulative, out.stop_reason)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from specdec.structured.params import StructuredOutputsParams
 from specdec.vllm_names import VLLMNames
 
 if TYPE_CHECKING:
+    from specdec.penalties import DraftAdjuster
     from specdec.structured.state import GrammarState
 
 GREEDY_TEMPERATURE = 1e-5
@@ -65,11 +66,9 @@ def check_text(text: str, what: str) -> None:
 
 
 VLLM_NEUTRAL = {
-    "n": (1,), "best_of": (None, 1), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "logits_processors": (None, []),
-    "bad_words": (None, []), "logit_bias": (None, {}), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
-    "extra_args": (None, {}),
+    "best_of": (None, 1), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "logits_processors": (None, []), "bad_words": (None, []),
+    "truncate_prompt_tokens": (None,), "extra_args": (None, {}),
 }
 """vLLM's ``SamplingParams`` fields that specdec does not implement, with the values that change nothing: given
 so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
@@ -97,6 +96,13 @@ class SamplingParams(metaclass=VLLMNames):
     output tokens (vLLM's meaning; exact under speculation, :mod:`specdec.min_tokens`).
     ``include_stop_str_in_output``: the text keeps the stop string, or the stop token's text, that ended it (by
     default both are left out, as in vLLM; the stop token is among the output's ``token_ids`` either way).
+
+    ``n``: outputs per prompt (``LLM.generate`` and ``chat``; a seeded request's output ``i`` samples with
+    ``seed + i``, so output 0 is what ``n=1`` returns). ``presence_penalty`` and ``frequency_penalty`` (in
+    ``[-2, 2]``), ``repetition_penalty`` (above 0; 1 is none), ``logit_bias`` (``{token id: bias}``, added to the
+    logits) and ``allowed_token_ids`` (every other token is banned): vLLM's adjustments of the target's logits, in
+    vLLM's order and with its meanings (the frequency and presence penalties count output tokens, the repetition
+    penalty prompt tokens too), exact under speculation (:mod:`specdec.penalties`).
     """
 
     temperature: float = 1.0
@@ -112,9 +118,14 @@ class SamplingParams(metaclass=VLLMNames):
     logprobs: int | None = None
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
+    allowed_token_ids: tuple[int, ...] | list[int] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    vllm_names = (VLLM_NEUTRAL, {"n": " (one output per prompt: pass the prompt again with another seed; the server "
-                                      "takes n)", "guided_decoding": " (vLLM's earlier name of structured_outputs)"},
+    vllm_names = (VLLM_NEUTRAL, {"guided_decoding": " (vLLM's earlier name of structured_outputs)"},
                   "field")  # not a field: no annotation
 
     def __post_init__(self) -> None:
@@ -155,14 +166,66 @@ class SamplingParams(metaclass=VLLMNames):
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
             raise SpecDecError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), "
                                f"got {self.min_tokens!r}")
+        self._check_adjustments()
         if self.structured_outputs is not None:
             if self.min_tokens:
                 raise SpecDecError("min_tokens cannot be combined with structured_outputs: the constraint decides "
                                    "where the output may end")
+            if self.allowed_token_ids is not None:
+                raise SpecDecError("allowed_token_ids cannot be combined with structured_outputs: the constraint "
+                                   "decides which tokens may follow")
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         object.__setattr__(self, "stop", stops or None)
         object.__setattr__(self, "stop_token_ids", ids)
         object.__setattr__(self, "stop_strings", stops)
+
+    def _check_adjustments(self) -> None:
+        """Check ``n``, the penalties, ``logit_bias`` and ``allowed_token_ids``; store the last two as a dict of
+        ints to floats and a tuple."""
+        if not _is_int(self.n) or self.n < 1:
+            raise SpecDecError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.seed is not None and self.seed + self.n - 1 > MAX_SEED:
+            raise SpecDecError(f"seed is {self.seed} and n is {self.n}: output i samples with seed + i, and seed + "
+                               f"n - 1 must be at most 2**64-1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise SpecDecError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise SpecDecError(f"repetition_penalty must be a finite number above 0 (1 is none), got "
+                               f"{self.repetition_penalty!r}")
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict) or not all(_is_int(t) and t >= 0 for t in bias):
+                raise SpecDecError(f"logit_bias must be a dict of token ids (integers >= 0) to numbers, got "
+                                   f"{bias!r:.80}")
+            bad = {t: v for t, v in bias.items() if not _is_number(v)}
+            if bad:
+                raise SpecDecError(f"logit_bias values must be finite numbers, got {bad!r:.80}")
+            object.__setattr__(self, "logit_bias", {t: float(v) for t, v in bias.items()} or None)
+        if self.allowed_token_ids is not None:
+            ids = self._sequence(self.allowed_token_ids, "allowed_token_ids", int)
+            if not ids or any(not _is_int(t) or t < 0 for t in ids):
+                raise SpecDecError(f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0),"
+                                   f" got {self.allowed_token_ids!r:.80}")
+            object.__setattr__(self, "allowed_token_ids", ids)
+
+    def choices(self) -> list[SamplingParams]:
+        """The parameters of each of the ``n`` outputs, ``n`` 1 in each: choice ``i`` of a seeded request
+        samples with ``seed + i``."""
+        if self.n == 1:
+            return [self]
+        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a repetition, frequency or presence penalty is set."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the parameters change the target's logits before sampling (:mod:`specdec.penalties`)."""
+        return self.penalizes or bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @staticmethod
     def _sequence(value: object, name: str, kind: type) -> tuple:
@@ -206,6 +269,10 @@ class SamplingBatch:
     when no row is constrained, and then drafting does no constraint work at all
     (:meth:`constrain_draft`, :meth:`advance_draft`).
 
+    ``adjuster`` and ``members[b]`` (row ``b``'s index in it, None where the row does not adjust): the step's
+    :class:`~specdec.penalties.DraftAdjuster` when a row adjusts its logits (penalties, biases) and a drafter
+    draws; drafters then draw from adjusted logits (:meth:`adjust_draft`).
+
     ``positions[b]`` (the deterministic mode): the index in its sequence of the token row ``b`` samples
     next. Given, the batch is *keyed* (:mod:`specdec.keyed_noise`): a sampled row's noise for the token at
     index ``t`` is a function of its generator's seed and ``t`` alone, not of how many numbers its
@@ -215,10 +282,13 @@ class SamplingBatch:
 
     def __init__(self, params: list[SamplingParams], generators: list[torch.Generator | None],
                  device: torch.device, grammars: list[GrammarState | None] | None = None,
-                 positions: list[int] | None = None) -> None:
+                 positions: list[int] | None = None, adjuster: DraftAdjuster | None = None,
+                 members: list[int | None] | None = None) -> None:
         self.params, self.generators, self.device = list(params), list(generators), device
         self.positions = None if positions is None else list(positions)
         self.grammars = grammars if grammars is not None and any(g is not None for g in grammars) else None
+        adjusting = adjuster is not None and members is not None and any(m is not None for m in members)
+        self.adjuster, self.members = (adjuster, list(members)) if adjusting else (None, None)
         self.greedy_rows = [p.greedy for p in self.params]
         self.all_greedy = all(self.greedy_rows)
         self.any_top_k = any(p.top_k > 0 for p in self.params)
@@ -260,12 +330,13 @@ class SamplingBatch:
         """The sub-batch of ``rows``."""
         grammars = None if self.grammars is None else [self.grammars[r] for r in rows]
         positions = None if self.positions is None else [self.positions[r] for r in rows]
+        members = None if self.members is None else [self.members[r] for r in rows]
         return SamplingBatch([self.params[r] for r in rows], [self.generators[r] for r in rows], self.device,
-                             grammars, positions)
+                             grammars, positions, self.adjuster, members)
 
-    def unconstrained(self) -> SamplingBatch:
-        """The same rows without their constraints."""
-        if self.grammars is None:
+    def plain(self) -> SamplingBatch:
+        """The same rows drafting from their plain logits: no constraints, no adjustments."""
+        if not self.shapes_drafts:
             return self
         return SamplingBatch(self.params, self.generators, self.device, positions=self.positions)
 
@@ -280,12 +351,18 @@ class SamplingBatch:
         if self.positions is None:
             return self
         return SamplingBatch(self.params, self.generators, self.device, self.grammars,
-                             [p + o for p, o in zip(self.positions, offsets)])
+                             [p + o for p, o in zip(self.positions, offsets)], self.adjuster, self.members)
 
     @property
     def constrained(self) -> bool:
         """Whether some row is under a constraint."""
         return self.grammars is not None
+
+    @property
+    def shapes_drafts(self) -> bool:
+        """Whether some row's draft logits are changed before a draft token is drawn (a constraint, an
+        adjustment): its drafts depend on the ones before, so a drafter draws them one position at a time."""
+        return self.grammars is not None or self.adjuster is not None
 
     def constrain_draft(self, logits: torch.Tensor) -> torch.Tensor:
         """A drafter's logits ``[B, V]`` for the next draft token, the tokens a constrained row's grammar
@@ -296,8 +373,16 @@ class SamplingBatch:
 
         return constrain_draft(logits, self.grammars)
 
+    def adjust_draft(self, logits: torch.Tensor) -> torch.Tensor:
+        """A drafter's logits ``[B, V]`` for the next draft token, an adjusting row's adjusted for its output and
+        drafts so far (:class:`~specdec.penalties.DraftAdjuster`; unchanged, and no work, without one)."""
+        return logits if self.adjuster is None else self.adjuster.adjust(logits, self.members)
+
     def advance_draft(self, tokens: torch.Tensor) -> None:
-        """The constrained rows' draft grammar states consume the drawn tokens ``[B]`` (no-op without constraints)."""
+        """The constrained rows' draft grammar states consume the drawn tokens ``[B]``, the adjusting rows count
+        them (no-op without either)."""
+        if self.adjuster is not None:
+            self.adjuster.advance(tokens, self.members)
         if self.grammars is not None:
             from specdec.structured.state import advance_draft
 

@@ -463,8 +463,10 @@ def draw_column(logits: torch.Tensor, rows: SamplingBatch, probs: torch.Tensor |
 
     Rows under a constraint draw from their logits masked with the grammar state after their drafts so far,
     and that state then consumes the drawn token (:meth:`SamplingBatch.constrain_draft`): the one place a
-    drafter's logits become draft tokens, so every method that draws through it proposes valid tokens only."""
-    logits = rows.constrain_draft(logits)
+    drafter's logits become draft tokens, so every method that draws through it proposes valid tokens only.
+    Rows with penalties or biases draw from logits adjusted for their output and drafts so far, as the target's
+    will be (:meth:`SamplingBatch.adjust_draft`)."""
+    logits = rows.adjust_draft(rows.constrain_draft(logits))
     if probs is None:
         token = argmax(logits)
     else:

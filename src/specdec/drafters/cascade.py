@@ -150,9 +150,9 @@ class CascadeDrafter(Drafter):
         middle model's sampling distributions ``[A, W+1, V]`` (column ``i`` is that of emitted token ``i``)."""
         inner_ks = [min(self.inner_k, n - 1) for n in needed]
         if any(inner_ks):
-            # The small model drafts for the middle one, which is not constrained (the middle model's own
-            # drafts, unmasked, are checked and cut by the engine).
-            draft = self.small.propose(views, inner_ks, rows.unconstrained())
+            # The small model drafts for the middle one, which is neither constrained nor adjusted (the middle
+            # model's own drafts, unmasked, are checked and cut by the engine).
+            draft = self.small.propose(views, inner_ks, rows.plain())
         else:
             draft = DraftBatch(torch.zeros(len(views), 0, dtype=torch.long, device=self.mid.model.device),
                                [0] * len(views))

@@ -174,10 +174,10 @@ class DraftModelDrafter(DraftLM):
         batch = ForwardBatch.from_rows([seqs[b].token_ids[c:] for b, c in zip(active, cached)], cached,
                                        [seqs[b].slot for b in active], self.model.device, logits="last")
         logits = self.forward(batch)
-        if rows.all_greedy and self.threshold is None and not rows.constrained and all(
+        if rows.all_greedy and self.threshold is None and not rows.shapes_drafts and all(
                 len(seqs[b].token_ids) + width - 1 <= self.capacity for b in active):
             # The whole greedy proposal after the first token in one call (one graph on a GPU; a row under a
-            # constraint takes the loop below, which masks each draft token with its grammar), every
+            # constraint or with penalties takes the loop below, which masks or adjusts each draft token), every
             # row to the longest row's width: a row keeps its own first ks[b] tokens (greedy tokens do not
             # depend on how far the chain goes; the extra entries in its slot are rolled back by observe).
             first = argmax(logits)

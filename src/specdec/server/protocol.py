@@ -46,7 +46,6 @@ USAGE_EXTENSION = "specdec"
 
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",), "best_of": (1,),
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "store": (False,), "service_tier": ("auto", "default"),
     "modalities": (["text"],), "skip_special_tokens": (True,),
@@ -159,7 +158,7 @@ GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_ch
 
 
 class SamplingFields(_Strict):
-    """The fields both endpoints share: model, sampling, stops, ``n`` and streaming."""
+    """The fields both endpoints share: model, sampling (penalties and biases too), stops, ``n`` and streaming."""
 
     model: str | None = None
     temperature: float = 1.0
@@ -172,6 +171,11 @@ class SamplingFields(_Strict):
     ignore_eos: bool = False
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -213,7 +217,26 @@ class SamplingFields(_Strict):
                               max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
                               ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint(),
                               logprobs=self.num_logprobs(), min_tokens=self.min_tokens,
-                              include_stop_str_in_output=self.include_stop_str_in_output)
+                              include_stop_str_in_output=self.include_stop_str_in_output,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty, logit_bias=self.token_biases(),
+                              allowed_token_ids=self.allowed_token_ids)
+
+    def token_biases(self) -> dict[int, float] | None:
+        """``logit_bias`` with token ids for keys: OpenAI's JSON object maps token ids, written as strings, to
+        biases in [-100, 100]."""
+        if self.logit_bias is None:
+            return None
+        biases = {}
+        for key, bias in self.logit_bias.items():
+            if not key.isascii() or not key.isdigit():
+                raise APIError(400, f"logit_bias keys must be token ids (integers >= 0 written as strings), got "
+                                    f"{json.dumps(key)[:40]}", param="logit_bias")
+            if not -100 <= bias <= 100:
+                raise APIError(400, f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+                               param="logit_bias")
+            biases[int(key)] = bias
+        return biases
 
     def num_logprobs(self) -> int | None:
         """How many top tokens to report per position (None: no logprobs)."""

@@ -267,10 +267,10 @@ class EagleDrafter(HeadDrafter):
 
     def _chains(self, seqs: list[Sequence], active: list[int], ks: list[int], rows: SamplingBatch, width: int) -> bool:
         """Whether the rows ``active`` draft their tokens after the first in one :meth:`~CausalLM.greedy_chain`
-        call fed their features (one graph on a GPU): every row greedy and unconstrained, room in the pool for
-        ``width - 1`` more entries a row, and the rows' widths equal unless the layer captures the chain (a row
-        then drafts past its own ``k`` inside the graph and keeps its first ``k`` tokens)."""
-        if width < 2 or not rows.all_greedy or rows.constrained:
+        call fed their features (one graph on a GPU): every row greedy, unconstrained and unadjusted, room in the
+        pool for ``width - 1`` more entries a row, and the rows' widths equal unless the layer captures the chain (a
+        row then drafts past its own ``k`` inside the graph and keeps its first ``k`` tokens)."""
+        if width < 2 or not rows.all_greedy or rows.shapes_drafts:
             return False
         if any(self.cache.lengths[seqs[b].slot] + width - 1 > self.cache.capacity for b in active):
             return False

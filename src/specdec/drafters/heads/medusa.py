@@ -96,10 +96,11 @@ class MedusaDrafter(HeadDrafter):
             logits = self.head_logits(torch.stack([features[b] for b in active]))[:, :width]  # [A, K, V]
         index = to_device(active, device)
         probs = None
-        if rows.all_greedy:
+        if rows.all_greedy and not rows.shapes_drafts:
             tokens[index] = logits.argmax(-1)
-        else:
-            probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
+        else:  # a head's column at a time: constraints and adjustments follow the drafts before it
+            if not rows.all_greedy:
+                probs = draft_probs(logits, len(seqs), width, logits.shape[-1])
             for i in range(width):  # a row draws only its own ks[b] tokens from its generator
                 keep = [j for j, b in enumerate(active) if ks[b] > i]
                 part = to_device(keep, device)
