@@ -196,6 +196,81 @@ def test_a_draft_model_drafts_from_adjusted_logits(model_dirs, monkeypatch, draf
     assert (rate == 1.0) == drafts_adjusted, rate
 
 
+# ---------------------------------------------------------------------------------------------- bad words
+TEXT_PROMPTS = ["def f(x):", "hello world", "for i in range(10):"]
+
+
+@pytest.fixture(scope="module")
+def bad_words_case(text_model_dirs):
+    """Bad words taken from plain greedy outputs (a word and a pair of words' text, so that multi-token sequences
+    are banned too), the sequences they ban, and the plain greedy outputs with them."""
+    from transformers import AutoModelForCausalLM
+
+    target_dir = text_model_dirs["target"]
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=4)
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    free = [o.outputs[0] for o in llm.generate(TEXT_PROMPTS, greedy)]
+    tokenizer = llm.tokenizer
+
+    def printable(ids: list[int]) -> str | None:
+        text = tokenizer.decode(ids).strip()
+        return text if text and text.isascii() and text.isprintable() and " " not in text else None
+
+    singles = [w for o in free for t in o.token_ids[:8] if (w := printable([t]))]
+    pairs = [w for o in free for a, b in zip(o.token_ids, o.token_ids[1:]) if (w := printable([a, b]))
+             and len(tokenizer.encode(w, add_special_tokens=False)) > 1]
+    words = sorted(set(singles[:2] + pairs[:2]))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, bad_words=words)
+    banned = specdec.penalties.bad_word_ids(llm.tokenizer, params.bad_words, llm.target.vocab_size)
+    assert any(len(ids) > 1 for ids in banned), "the test needs a bad word of more than one token"
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    outputs = [o.outputs[0].token_ids for o in llm.generate(TEXT_PROMPTS, params)]
+    with torch.no_grad():
+        for prompt, out in zip(TEXT_PROMPTS, outputs):
+            ids, expected = llm.tokenizer.encode(prompt), []
+            while len(expected) < MAX_TOKENS:
+                logits = model(torch.tensor([ids + expected])).logits[0, -1]
+                for word in banned:
+                    if len(word) - 1 <= len(expected) and expected[len(expected) - len(word) + 1:] == list(word[:-1]):
+                        logits[word[-1]] = -torch.inf
+                expected.append(int(logits.argmax()))
+            assert out == expected
+    assert outputs != [o.token_ids for o in free], "the bad words changed no output"
+    return target_dir, params, outputs
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "ngram-tree", "suffix"])
+def test_greedy_speculation_equals_plain_with_bad_words(text_model_dirs, bad_words_case, method):
+    target_dir, params, plain = bad_words_case
+    spec = {"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 3} if (
+        method == "draft_model") else METHODS[method](None)
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=4, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(TEXT_PROMPTS, params)] == plain
+    assert llm.batch_metrics.num_accepted_tokens > 0
+
+
+def test_bad_words_at_the_pending_column_only_fail(text_model_dirs, bad_words_case, monkeypatch):
+    """The bans left off the drafts' columns: the identical draft model proposes a banned continuation, the target
+    accepts it, and the output is no longer plain decoding's."""
+    ban = specdec.penalties._ban_bad_words
+    monkeypatch.setattr(specdec.penalties, "_ban_bad_words",
+                        lambda work, seqs, drafts, num_draft, ancestors: ban(work, seqs, None, None, None))
+    target_dir, params, plain = bad_words_case
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=4, speculative_config={
+        "method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 3})
+    assert [o.outputs[0].token_ids for o in llm.generate(TEXT_PROMPTS, params)] != plain
+
+
+def test_bad_words_encode_as_vllm_does(text_model_dirs):
+    """A word alone and, where a space before it makes another first token in as many tokens, inside a text."""
+    tokenizer = LLM(text_model_dirs["target"], dtype="float64").tokenizer
+    alone, inside = (tuple(tokenizer.encode(t, add_special_tokens=False)) for t in ("range", " range"))
+    expected = (alone, inside) if inside[0] != alone[0] and len(inside) == len(alone) else (alone,)
+    assert specdec.penalties.bad_word_ids(tokenizer, ("  range",), 10**6) == expected
+    with pytest.raises(SpecDecError, match="bad_words needs a tokenizer"):
+        specdec.penalties.bad_word_ids(None, ("x",), 100)
+
+
 # ---------------------------------------------------------------------------------------------- offline n
 def test_n_outputs_per_prompt(model_dirs):
     """``n`` choices per prompt, batched: a seeded request's choice 0 is its ``n=1`` output, choice ``i`` the
@@ -237,6 +312,10 @@ def test_n_outputs_per_prompt(model_dirs):
     ({"allowed_token_ids": []}, "allowed_token_ids must be None or a non-empty list of token ids"),
     ({"allowed_token_ids": [1, -2]}, "allowed_token_ids must be None or a non-empty list of token ids"),
     ({"allowed_token_ids": [1], "structured_outputs": {"regex": "a"}}, "allowed_token_ids cannot be combined"),
+    ({"bad_words": [" "]}, "bad_words must be words (not blank) of at most 256 characters, got ' '"),
+    ({"bad_words": ["a" * 257]}, "bad_words must be words (not blank) of at most 256 characters"),
+    ({"bad_words": ["a"] * 1025}, "bad_words has 1025 words; at most 1024 are allowed"),
+    ({"bad_words": [3]}, "bad_words must be a list of strings"),
     ({"n": 0}, "n must be an integer >= 1, got 0"),
     ({"n": 2.0}, "n must be an integer >= 1, got 2.0"),
     ({"n": 2, "seed": 2**64 - 1}, "seed + n - 1 must be at most 2**64-1"),
@@ -251,7 +330,8 @@ def test_token_ids_are_checked_against_the_vocabulary(model_dirs):
     for kwargs, words in [({"logit_bias": {96: 1.0}}, "logit_bias [96] are outside the vocabulary (0..95)"),
                           ({"allowed_token_ids": [5, 200]}, "allowed_token_ids [200] are outside the vocabulary"),
                           ({"allowed_token_ids": [4], "stop_token_ids": [4], "min_tokens": 2},
-                           "allowed_token_ids [4] are all stop tokens, which min_tokens (2) bans")]:
+                           "allowed_token_ids [4] are all stop tokens (or bad_words), which min_tokens (2) bans"),
+                          ({"bad_words": ["x"]}, "bad_words needs a tokenizer")]:
         with pytest.raises(SpecDecError, match=re.escape(words)):
             llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(**kwargs))
     only = llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=8, allowed_token_ids=[4, 9],

@@ -437,14 +437,17 @@ def test_min_tokens_holds_the_stop_token_back(spec_server, offline):
 
 def test_penalties_and_logit_bias_are_applied_as_offline(spec_server, offline):
     """OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (token ids as string keys), and
-    vLLM's ``repetition_penalty`` and ``allowed_token_ids`` (``extra_body``), on the speculative server: the greedy
+    vLLM's ``repetition_penalty``, ``allowed_token_ids`` and ``bad_words`` (``extra_body``), on the speculative
+    server: the greedy
     output of offline plain decoding with the same parameters, and not the unadjusted one."""
     client = spec_server.client(KEY)
     plain = offline[PLAIN].generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     favourite = plain[0].outputs[0].token_ids[0]
     cases = [({"presence_penalty": 1.5, "frequency_penalty": 0.5}, {}),
              ({"logit_bias": {str(favourite): -100, "7": 4.5}}, {}),
-             ({}, {"repetition_penalty": 1.6, "allowed_token_ids": list(range(40, 90))})]
+             ({}, {"repetition_penalty": 1.6, "allowed_token_ids": list(range(40, 90))}),
+             ({}, {"bad_words": [next(text for t in plain[0].outputs[0].token_ids
+                                      if (text := offline[PLAIN].tokenizer.decode([t]).strip()).isalnum())]})]
     for openai_fields, extra in cases:
         served = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0, max_tokens=12,
                                            extra_body={"ignore_eos": True, **extra}, **openai_fields)

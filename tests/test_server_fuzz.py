@@ -117,6 +117,8 @@ BAD = [
     (COMPLETIONS, {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids must be None or a non-empty list",
      "allowed_token_ids"),
     (COMPLETIONS, {"prompt": "x", "allowed_token_ids": [10**6]}, "outside the vocabulary", "allowed_token_ids"),
+    (COMPLETIONS, {"prompt": "x", "bad_words": ["ok", "  "]}, "bad_words must be words", "bad_words"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "bad_words": "ok"}, "bad_words", "bad_words"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, "min_tokens must be an integer in 0..max_tokens",
      "min_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 1, "guided_regex": "a+"},
@@ -148,7 +150,8 @@ def test_neutral_values_of_fields_not_implemented_are_accepted(served, field, va
 OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n",
             "stream", "stream_options", "user", "metadata", "response_format", "structured_outputs", "guided_json",
             "guided_regex", "guided_choice", "guided_grammar", "logprobs", "min_tokens", "include_stop_str_in_output",
-            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids"]
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
+            "bad_words"]
 
 
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
@@ -181,7 +184,8 @@ def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
         "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "k" + SURROGATE, "zz"]
+        "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "k" + SURROGATE,
+        "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
     st.text(max_size=6), st.sampled_from([SURROGATE, "a\udcff", "tiny", "€🙂", "x" * 300, 10**30, 1e308]),

@@ -41,6 +41,7 @@ from specdec.metrics_reader import Metric, read_metrics
 from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
+from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
@@ -240,15 +241,11 @@ class LLM(metaclass=VLLMNames):
             raise SpecDecError(f"n is {params.n}, but a stream is one output: n > 1 is for generate and chat (or "
                                f"submit the prompt n times, each with its own seed)")
         vocab = self.target.vocab_size
-        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ()),
-                          ("allowed_token_ids", params.allowed_token_ids or ())):
-            bad = [t for t in ids if t >= vocab]
-            if bad:
-                raise SpecDecError(f"{name} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids)
-        if params.min_tokens and params.allowed_token_ids and stops.issuperset(params.allowed_token_ids):
-            raise SpecDecError(f"allowed_token_ids {list(params.allowed_token_ids)[:5]} are all stop tokens, which "
-                               f"min_tokens ({params.min_tokens}) bans: no first token could be generated")
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise SpecDecError(f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        check_adjustments(params, vocab, self.tokenizer,
+                          set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids))
         if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
             with self._grammar_lock:
                 self._grammars().compile(params.structured_outputs)
@@ -287,6 +284,7 @@ class LLM(metaclass=VLLMNames):
                 stop_ids=frozenset(stop_ids),
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
+            seq.bad_words = bad_word_ids(self.tokenizer, params.bad_words, self.target.vocab_size)
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
                                                        include_stop=params.include_stop_str_in_output),

@@ -1,5 +1,6 @@
-"""vLLM's logit adjustments of a request: ``allowed_token_ids``, ``logit_bias`` and the repetition, frequency and
-presence penalties, applied to the target's logits at every verified position, exact under speculation.
+"""vLLM's logit adjustments of a request: ``allowed_token_ids``, ``bad_words``, ``logit_bias`` and the repetition,
+frequency and presence penalties, applied to the target's logits at every verified position, exact under
+speculation.
 
 Terms: a row's *output* is the tokens it has generated (``Sequence.token_ids`` past the prompt); a column ``j`` of
 a step's target logits decides the token that follows the row's output and the drafts on the *path* to column
@@ -9,7 +10,8 @@ the output and the path together.
 
 vLLM's order, each on the logits before it:
 
-1. ``allowed_token_ids``: every other token at ``-inf``;
+1. ``allowed_token_ids``: every other token at ``-inf``; ``bad_words``: a word's last token at ``-inf`` where the
+   output and the path end with its other tokens (:func:`bad_word_ids`);
 2. ``logit_bias``: ``bias[t]`` added to token ``t``'s logit;
 3. ``repetition_penalty`` ``r``: the logit of a token that occurs in the prompt or has a count is divided by
    ``r`` where positive, multiplied by ``r`` where not;
@@ -19,7 +21,8 @@ Column ``j``'s adjusted logits are then exactly the ones plain decoding samples 
 path, so exact verification (greedy matching or rejection sampling, which hold for any draft distribution) keeps
 speculation's output equal to plain decoding's. A drafter that draws from its own logits position by position
 (a draft model, an EAGLE, Medusa or MTP head, layer skip) draws from them adjusted the same way
-(:class:`DraftAdjuster`), so that it proposes what the adjusted target would; the others (n-gram, suffix,
+(:class:`DraftAdjuster`; bad words excepted, which would read each draft on the host), so that it proposes what
+the adjusted target would; the others (n-gram, suffix,
 lookahead, trees) propose as without adjustments, which costs acceptance, never exactness. ``-inf`` (a banned
 stop token, a grammar's mask) stays ``-inf`` through every adjustment, so their order with
 :mod:`specdec.min_tokens` and constraints does not matter.
@@ -32,9 +35,48 @@ from collections.abc import Sequence as Sequence_
 
 import torch
 
+from specdec.errors import SpecDecError
 from specdec.models.base import to_device
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
+
+
+def bad_word_ids(tokenizer, words: tuple[str, ...] | None, vocab: int) -> tuple[tuple[int, ...], ...]:
+    """The token sequences ``bad_words`` bans, vLLM's: each word (leading spaces stripped) as the tokenizer
+    encodes it alone, and with a space before it where that encodes to a different first token in as many tokens
+    (a word inside a text). A :class:`SpecDecError` without a tokenizer or for a token outside the vocabulary."""
+    if not words:
+        return ()
+    if tokenizer is None:
+        raise SpecDecError("bad_words needs a tokenizer (this LLM has none: prompts are token ids)")
+    sequences: list[tuple[int, ...]] = []
+    for word in words:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        inside = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        sequences += [alone] + ([inside] if inside[:1] != alone[:1] and len(inside) == len(alone) else [])
+    bad = sorted({t for ids in sequences for t in ids if not 0 <= t < vocab})
+    if bad or not all(sequences):
+        raise SpecDecError(f"bad_words {list(words)[:5]} encode to tokens outside the vocabulary (0..{vocab - 1}): "
+                           f"{bad[:5]}")
+    return tuple(dict.fromkeys(sequences))
+
+
+def check_adjustments(params: SamplingParams, vocab: int, tokenizer, stops: set[int]) -> None:
+    """A :class:`SpecDecError` where ``params``' token ids (``logit_bias``, ``allowed_token_ids``, the tokens of
+    ``bad_words`` with ``tokenizer``) are outside the vocabulary, or where no allowed token is left: every one
+    banned by a one-token bad word, or by ``stops`` (the request's stop tokens) below ``min_tokens``."""
+    for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            raise SpecDecError(f"{name} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+    banned = {ids[0] for ids in bad_word_ids(tokenizer, params.bad_words, vocab) if len(ids) == 1}
+    allowed = set(params.allowed_token_ids or ())
+    if allowed and banned.issuperset(allowed):
+        raise SpecDecError(f"allowed_token_ids {sorted(allowed)[:5]} are all banned by bad_words: no token could be "
+                           f"generated")
+    if params.min_tokens and allowed and (stops | banned).issuperset(allowed):
+        raise SpecDecError(f"allowed_token_ids {sorted(allowed)[:5]} are all stop tokens (or bad_words), which "
+                           f"min_tokens ({params.min_tokens}) bans: no first token could be generated")
 
 
 def adjusted_rows(seqs: Sequence_[Sequence]) -> list[int]:
@@ -131,10 +173,48 @@ def adjust(logits: torch.Tensor, seqs: Sequence_[Sequence], rows: list[int], dra
                        None if num_draft is None else [num_draft[b] for b in rows],
                        None if ancestors is None else ancestors[index])
 
+    if any(s.bad_words for s in picked):
+        work = _ban_bad_words(work, picked, None if drafts is None else drafts[index],
+                              None if num_draft is None else [num_draft[b] for b in rows],
+                              None if ancestors is None else ancestors[index])
     out = scores.clone()
     out[index] = _apply(work, [s.params for s in picked], lambda: _prompt_masks(picked, work.shape[-1], work.device),
                         counts)
     return out[:, 0] if flat else out
+
+
+def _ban_bad_words(work: torch.Tensor, seqs: list[Sequence], drafts: torch.Tensor | None,
+                   num_draft: list[int] | None, ancestors: torch.Tensor | None) -> torch.Tensor:
+    """``work`` ``[R, C, V]`` with each row's ``bad_words`` applied at its columns: a bad word's last token at
+    ``-inf`` where the output and the column's path end with the tokens before it (vLLM's rule; the output alone,
+    not the prompt). Reads the drafts (and a tree's ancestors) on the host."""
+    columns = work.shape[1]
+    drafted = [] if drafts is None else drafts.tolist()
+    paths = None if ancestors is None else ancestors[:, :, 1:].tolist()
+    banned_rows, banned_columns, banned_tokens = [], [], []
+    for r, s in enumerate(seqs):
+        if not s.bad_words:
+            continue
+        longest = max(len(w) for w in s.bad_words)
+        tail = s.token_ids[len(s.prompt_ids):][-longest:] if longest > 1 else []
+        for j in range(min(columns, 1 + (num_draft[r] if num_draft is not None else 0))):
+            if paths is None:
+                path = drafted[r][:j] if j else []
+            else:
+                path = [t for t, on in zip(drafted[r], paths[r][j]) if on]
+            context = tail + path
+            for word in s.bad_words:
+                before = len(word) - 1
+                if before <= s.num_generated + len(path) and (not before or context[-before:] == list(word[:-1])):
+                    banned_rows.append(r)
+                    banned_columns.append(j)
+                    banned_tokens.append(word[-1])
+    if not banned_rows:
+        return work
+    device = work.device
+    work = work.clone()
+    work[tuple(to_device(ids, device) for ids in (banned_rows, banned_columns, banned_tokens))] = -torch.inf
+    return work
 
 
 class DraftAdjuster:

@@ -33,6 +33,9 @@ MAX_STOP_STRINGS = 16
 """Most stop strings one request may have (OpenAI's API allows 4)."""
 MAX_STOP_LENGTH = 256
 """Longest stop string, in characters (a stream holds back this many characters, less one)."""
+MAX_BAD_WORDS = 1024
+"""Most ``bad_words`` one request may have, each of at most :data:`MAX_STOP_LENGTH` characters (every step
+compares each with the output's end)."""
 
 
 def _is_int(value: object) -> bool:
@@ -67,7 +70,7 @@ def check_text(text: str, what: str) -> None:
 
 VLLM_NEUTRAL = {
     "best_of": (None, 1), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "logits_processors": (None, []), "bad_words": (None, []),
+    "spaces_between_special_tokens": (True,), "logits_processors": (None, []),
     "truncate_prompt_tokens": (None,), "extra_args": (None, {}),
 }
 """vLLM's ``SamplingParams`` fields that specdec does not implement, with the values that change nothing: given
@@ -100,7 +103,8 @@ class SamplingParams(metaclass=VLLMNames):
     ``n``: outputs per prompt (``LLM.generate`` and ``chat``; a seeded request's output ``i`` samples with
     ``seed + i``, so output 0 is what ``n=1`` returns). ``presence_penalty`` and ``frequency_penalty`` (in
     ``[-2, 2]``), ``repetition_penalty`` (above 0; 1 is none), ``logit_bias`` (``{token id: bias}``, added to the
-    logits) and ``allowed_token_ids`` (every other token is banned): vLLM's adjustments of the target's logits, in
+    logits), ``allowed_token_ids`` (every other token is banned) and ``bad_words`` (a word's last token is banned
+    where the output ends with the tokens before it): vLLM's adjustments of the target's logits, in
     vLLM's order and with its meanings (the frequency and presence penalties count output tokens, the repetition
     penalty prompt tokens too), exact under speculation (:mod:`specdec.penalties`).
     """
@@ -124,6 +128,7 @@ class SamplingParams(metaclass=VLLMNames):
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     allowed_token_ids: tuple[int, ...] | list[int] | None = None
+    bad_words: tuple[str, ...] | list[str] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
     vllm_names = (VLLM_NEUTRAL, {"guided_decoding": " (vLLM's earlier name of structured_outputs)"},
                   "field")  # not a field: no annotation
@@ -180,8 +185,8 @@ class SamplingParams(metaclass=VLLMNames):
         object.__setattr__(self, "stop_strings", stops)
 
     def _check_adjustments(self) -> None:
-        """Check ``n``, the penalties, ``logit_bias`` and ``allowed_token_ids``; store the last two as a dict of
-        ints to floats and a tuple."""
+        """Check ``n``, the penalties, ``logit_bias``, ``allowed_token_ids`` and ``bad_words``; store the last
+        three as a dict of ints to floats and tuples."""
         if not _is_int(self.n) or self.n < 1:
             raise SpecDecError(f"n must be an integer >= 1, got {self.n!r}")
         if self.seed is not None and self.seed + self.n - 1 > MAX_SEED:
@@ -208,7 +213,16 @@ class SamplingParams(metaclass=VLLMNames):
             if not ids or any(not _is_int(t) or t < 0 for t in ids):
                 raise SpecDecError(f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0),"
                                    f" got {self.allowed_token_ids!r:.80}")
-            object.__setattr__(self, "allowed_token_ids", ids)
+            object.__setattr__(self, "allowed_token_ids", tuple(dict.fromkeys(ids)))
+        words = self._sequence(self.bad_words, "bad_words", str)
+        if len(words) > MAX_BAD_WORDS:
+            raise SpecDecError(f"bad_words has {len(words)} words; at most {MAX_BAD_WORDS} are allowed")
+        for word in words:
+            check_text(word, "bad_words")
+            if not word.strip() or len(word) > MAX_STOP_LENGTH:
+                raise SpecDecError(f"bad_words must be words (not blank) of at most {MAX_STOP_LENGTH} characters, "
+                                   f"got {word!r:.80}")
+        object.__setattr__(self, "bad_words", words or None)
 
     def choices(self) -> list[SamplingParams]:
         """The parameters of each of the ``n`` outputs, ``n`` 1 in each: choice ``i`` of a seeded request
@@ -225,7 +239,8 @@ class SamplingParams(metaclass=VLLMNames):
     @property
     def adjusts_logits(self) -> bool:
         """Whether the parameters change the target's logits before sampling (:mod:`specdec.penalties`)."""
-        return self.penalizes or bool(self.logit_bias) or self.allowed_token_ids is not None
+        return (self.penalizes or bool(self.logit_bias) or self.allowed_token_ids is not None
+                or self.bad_words is not None)
 
     @staticmethod
     def _sequence(value: object, name: str, kind: type) -> tuple:

@@ -23,7 +23,8 @@ class Sequence:
     ``params.max_tokens`` capped by the context that is left; ``stop_ids`` the token ids that
     end it (``stop_token_ids`` plus end-of-sequence unless ``ignore_eos``). ``slot`` is the
     KV-pool row it owns while running (-1 while waiting or after it finished). ``grammar``: the
-    state of its ``params.structured_outputs`` constraint (None without one).
+    state of its ``params.structured_outputs`` constraint (None without one). ``bad_words``: the token sequences
+    its ``params.bad_words`` ban (:func:`specdec.penalties.bad_word_ids`).
     """
 
     request_id: str
@@ -37,6 +38,7 @@ class Sequence:
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     grammar: GrammarState | None = None
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)

@@ -176,6 +176,7 @@ class SamplingFields(_Strict):
     repetition_penalty: float = 1.0
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -220,7 +221,7 @@ class SamplingFields(_Strict):
                               include_stop_str_in_output=self.include_stop_str_in_output,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=self.token_biases(),
-                              allowed_token_ids=self.allowed_token_ids)
+                              allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words)
 
     def token_biases(self) -> dict[int, float] | None:
         """``logit_bias`` with token ids for keys: OpenAI's JSON object maps token ids, written as strings, to
