@@ -1,11 +1,11 @@
 """What the logit adjustments cost: the embedded pair, the same prompts generated without adjustments and with
 penalties (``--presence``, ``--frequency``, ``--repetition``) alternately (``--repeats`` rounds, the first discarded
 as warm-up), per method; prints the median CPU milliseconds per output token of each (this process's, all threads:
-steadier on a shared machine), τ (tokens per target step) of each, and the overhead. The inflated shapes have the
-toy pair's logits, so τ here is theirs; the per-token overhead there is this one's absolute cost against their
-longer steps.
+steadier on a shared machine), τ (tokens per target step) of each, and the overhead. ``--shape``: the pair
+inflated to a real shape (the toy pair's logits, so the same τ; a real step's cost).
 
     python3 scripts/penalty_cost.py --methods plain draft_model suffix --batch 1 8 --max-tokens 128
+    python3 scripts/penalty_cost.py --shape 1b --shape-cache /tmp/shapes --methods plain draft_model --batch 1
 """
 
 from __future__ import annotations
@@ -41,8 +41,16 @@ def main() -> None:
     parser.add_argument("--frequency", type=float, default=0.3)
     parser.add_argument("--repetition", type=float, default=1.1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shape", default=None, help="the pair inflated to this shape (e.g. 1b), as bench --shape")
+    parser.add_argument("--shape-cache", default=None, help="where inflated pairs are kept (bench's --shape-cache)")
     args = parser.parse_args()
-    target, draft = require_default_pair()
+    if args.shape is None:
+        target, draft = require_default_pair()
+    else:
+        from specdec.inflate.pair import cached_pair
+
+        pair = cached_pair(args.shape, args.shape_cache)
+        target, draft = pair.target, pair.draft
     adjustments = {"presence_penalty": args.presence, "frequency_penalty": args.frequency,
                    "repetition_penalty": args.repetition}
     for method in args.methods:

@@ -261,6 +261,27 @@ def test_bad_words_at_the_pending_column_only_fail(text_model_dirs, bad_words_ca
     assert [o.outputs[0].token_ids for o in llm.generate(TEXT_PROMPTS, params)] != plain
 
 
+def test_adjustments_under_a_constraint_stay_exact(text_model_dirs):
+    """A regex constraint with penalties, a bias and a bad word: the grammar's mask, the drafter's adjusted and
+    masked drafts and the target's adjusted columns together; speculative greedy outputs equal plain ones, match
+    the pattern and differ from the unadjusted ones."""
+    target_dir = text_model_dirs["target"]
+    pattern = "[a-z]+( [a-z]+)*"
+    kwargs = {"temperature": 0, "max_tokens": MAX_TOKENS, "structured_outputs": {"regex": pattern}}
+    adjusted = SamplingParams(presence_penalty=1.2, frequency_penalty=0.6, repetition_penalty=1.3,
+                              logit_bias={65: 2.0}, bad_words=["ab"], **kwargs)
+    plain = LLM(target_dir, dtype="float64", max_num_seqs=4)
+    expected = [o.outputs[0] for o in plain.generate(TEXT_PROMPTS, adjusted)]
+    free = [o.outputs[0].token_ids for o in plain.generate(TEXT_PROMPTS, SamplingParams(**kwargs))]
+    assert [o.token_ids for o in expected] != free
+    assert all(re.fullmatch(pattern, o.text) or o.finish_reason == "length" for o in expected)
+    for spec in ({"method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 3},
+                 METHODS["ngram-tree"](None)):
+        llm = LLM(target_dir, dtype="float64", max_num_seqs=4, speculative_config=spec)
+        assert [o.outputs[0].token_ids for o in llm.generate(TEXT_PROMPTS, adjusted)] == [o.token_ids
+                                                                                        for o in expected]
+
+
 def test_bad_words_encode_as_vllm_does(text_model_dirs):
     """A word alone and, where a space before it makes another first token in as many tokens, inside a text."""
     tokenizer = LLM(text_model_dirs["target"], dtype="float64").tokenizer
