@@ -80,7 +80,7 @@ def test_vllms_neutral_sampling_fields_are_accepted_and_others_named():
         _ = neutral.temprature
     for kwargs, words in [({"best_of": 3}, "best_of is not supported by specdec: only None or 1"),
                           ({"logits_processors": [print]}, "logits_processors is not supported"),
-                          ({"prompt_logprobs": 2}, "prompt_logprobs is not supported"),
+                          ({"truncate_prompt_tokens": 2}, "truncate_prompt_tokens is not supported"),
                           ({"temprature": 1.0}, "SamplingParams has no field 'temprature'; did you mean 'temperature'"),
                           ({"xyz": 1}, "SamplingParams has no field 'xyz' (its fields: temperature, top_p"),
                           ({"guided_decoding": {"regex": "a"}}, "SamplingParams has no field 'guided_decoding' "

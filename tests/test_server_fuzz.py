@@ -76,7 +76,7 @@ BAD = [
     (COMPLETIONS, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format",
      "response_format.type"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 21}, "logprobs must be null or an integer in 0..20", "logprobs"),
-    (COMPLETIONS, {"prompt": "x", "logprobs": 2, "echo": True}, "echo with logprobs", "echo"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 2, "echo": True, "stream": True}, "whole response", "echo"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "logprobs is not true",
      "top_logprobs"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 100_000}, f"maximum length is {CONTEXT}", "max_tokens"),
@@ -151,7 +151,7 @@ OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "
             "stream", "stream_options", "user", "metadata", "response_format", "structured_outputs", "guided_json",
             "guided_regex", "guided_choice", "guided_grammar", "logprobs", "min_tokens", "include_stop_str_in_output",
             "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
-            "bad_words"]
+            "bad_words", "prompt_logprobs"]
 
 
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
@@ -184,8 +184,8 @@ def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
         "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "k" + SURROGATE,
-        "zz"]
+        "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
+        "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
     st.text(max_size=6), st.sampled_from([SURROGATE, "a\udcff", "tiny", "€🙂", "x" * 300, 10**30, 1e308]),

@@ -1,6 +1,7 @@
 """``logprobs`` on ``/v1/completions`` and ``/v1/chat/completions`` (OpenAI's two shapes, streamed and not,
 with ``n > 1`` and ``stream_options.include_usage``), ``echo``, and a 400 naming the parameter for every bad
-value; a speculative server's values equal the offline plain LLM's (float64 tiny models)."""
+value; a speculative server's values equal the offline plain LLM's (float64 tiny models); echo with logprobs
+and ``prompt_logprobs`` give the prompt's."""
 
 from __future__ import annotations
 
@@ -147,6 +148,31 @@ def test_echo_prepends_the_prompt(server):
     assert streamed == echoed
 
 
+def test_echo_with_logprobs_leads_with_the_prompts_logprobs(server, plain):
+    """OpenAI's echo with logprobs (what lm-eval-harness scores with): the prompt's tokens lead the logprobs, the
+    first with null values, each other one with plain decoding's prompt logprobs, then the output's; vLLM's
+    ``prompt_logprobs`` field too; every choice of ``n`` carries its prompt's."""
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 5, "logprobs": 2, "echo": True, "n": 2}
+    response = post(server, "completions", body)
+    assert response.status_code == 200, response.text
+    offline = plain.generate(PROMPT, SamplingParams(temperature=0, max_tokens=5, logprobs=2, prompt_logprobs=2))[0]
+    ids = offline.prompt_token_ids
+    for choice in response.json()["choices"]:
+        logprobs = choice["logprobs"]
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        assert len(logprobs["tokens"]) == len(ids) + len(offline.outputs[0].token_ids)
+        expected = [e[t].logprob for e, t in zip(offline.prompt_logprobs[1:], ids[1:])] + [
+            e[t].logprob for e, t in zip(offline.outputs[0].logprobs, offline.outputs[0].token_ids)]
+        assert all(abs(a - b) < TOL for a, b in zip(logprobs["token_logprobs"][1:], expected))
+        check_completion_shape({k: v[1:] for k, v in logprobs.items()}, 2)
+        assert logprobs["text_offset"][0] == 0 and choice["text"].startswith(PROMPT)
+    scored = post(server, "completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_logprobs": 1}).json()
+    entries = scored["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(ids)
+    for entry, token, reference in zip(entries[1:], ids[1:], offline.prompt_logprobs[1:]):
+        assert abs(entry[str(token)]["logprob"] - reference[token].logprob) < TOL and 1 <= len(entry) <= 2
+
+
 BAD = [
     ("completions", {"logprobs": 21}, "logprobs", "0..20"),
     ("completions", {"logprobs": -1}, "logprobs", "0..20"),
@@ -155,7 +181,9 @@ BAD = [
     ("completions", {"logprobs": 2.5}, "logprobs", "integer"),
     ("completions", {"top_logprobs": 2}, "top_logprobs", "not supported"),
     ("completions", {"echo": 1}, "echo", "boolean"),
-    ("completions", {"echo": True, "logprobs": 1}, "echo", "echo with logprobs"),
+    ("completions", {"echo": True, "logprobs": 1, "stream": True}, "echo", "whole response only"),
+    ("completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "whole response only"),
+    ("chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs", "0..20"),
     ("chat/completions", {"logprobs": 1}, "logprobs", "boolean"),
     ("chat/completions", {"top_logprobs": 3}, "top_logprobs", "logprobs is not true"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0..20"),

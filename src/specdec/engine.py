@@ -40,7 +40,7 @@ from specdec.models.base import CausalLM, ForwardBatch, KVCache, to_device
 from specdec.models.cuda_graphs import one_time_setups
 from specdec.models.prefix_cache import BlockFeatures
 from specdec.penalties import DraftAdjuster, adjust, adjusted_rows
-from specdec.prompt_feed import PromptFeed
+from specdec.prompt_feed import PromptFeed, scores_prompt
 from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.step_cost import StepCost, tokens_fed
@@ -201,7 +201,8 @@ class Engine:
         # 2. Target forward over every row's [pending, d_1..d_n] at positions L..L+n, and the prompt chunks.
         active, feed = self.feed.plan(prompts, {id(s): n for s, n in zip(prompts, chunks)}) if prompts else ([], [])
         fused = bool(feed) and self.target.fuses_prefill and (draft is None or (draft.parents is None
-                                                                               and draft.hidden is None))
+                                                                               and draft.hidden is None)) and not any(
+            scores_prompt(row) for row in feed)  # a row scoring its prompt is fed alone, with every logit
         if feed and not fused:
             self.feed.feed_apart(feed)
             clock.lap("prefill")

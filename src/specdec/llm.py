@@ -65,6 +65,7 @@ class _Request:
     error: BaseException | None = None
     arrival: float = 0.0  # time.perf_counter() when it arrived
     last: float | None = None  # when its last output with tokens was filed
+    opened: bool = False  # an output was filed for it (the first carries the prompt's logprobs)
 
 
 class LLM(metaclass=VLLMNames):
@@ -377,8 +378,10 @@ class LLM(metaclass=VLLMNames):
         stop_reason = tracker.stop_reason if tracker.stopped else (  # vLLM's: end-of-sequence is checked first
             last if out.finish_reason == "stop" and last in params.stop_token_ids
             and (params.ignore_eos or last not in self._eos_ids) else None)
-        request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason,
-                                            request.seq.metrics, logprobs, stop_reason))
+        opening, request.opened = not request.opened and params.prompt_logprobs is not None, True
+        request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason, request.seq.metrics,
+                                            logprobs, stop_reason, self._prompt_logprobs(request.seq) if opening
+                                            else None))
         now = time.perf_counter()
         if out.token_ids:
             first = request.last is None
@@ -392,6 +395,10 @@ class LLM(metaclass=VLLMNames):
             if not out.finish_reason:  # a stop string ended it before the engine did
                 self.scheduler.abort(out.request_id)
         return out
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprobDict | None]:
+        """vLLM's ``prompt_logprobs`` of a sequence whose prompt was fed: None for its first token."""
+        return [None, *self._logprob_dicts(seq.prompt_ids[1:], seq.prompt_logprobs)]
 
     def _logprob_dicts(self, token_ids: list[int], values: list[TokenLogprobs]) -> list[TokenLogprobDict]:
         """vLLM's form of the engine's logprobs of ``token_ids`` (one :data:`TokenLogprobDict` per token)."""
@@ -482,7 +489,8 @@ class LLM(metaclass=VLLMNames):
                        for i, r in enumerate(group)]
         first = group[0].seq
         metrics = first.metrics if len(group) == 1 else RequestMetrics.of_choices([r.seq.metrics for r in group])
-        return RequestOutput(first.request_id, group[0].prompt, first.prompt_ids, completions, True, metrics)
+        scores = None if first.params.prompt_logprobs is None else self._prompt_logprobs(first)
+        return RequestOutput(first.request_id, group[0].prompt, first.prompt_ids, completions, True, metrics, scores)
 
 
     def chat(

@@ -53,7 +53,8 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """The result of one prompt (vLLM's fields of that name; ``num_cached_tokens``: the prompt tokens read from
-    the prefix cache, not computed)."""
+    the prefix cache, not computed; ``prompt_logprobs``: with ``SamplingParams.prompt_logprobs``, None for the
+    first prompt token and a :data:`TokenLogprobDict` for each other one, else None)."""
 
     request_id: str
     prompt: str | None
@@ -62,14 +63,11 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
 
+    prompt_logprobs: list[TokenLogprobDict | None] | None = None
+
     @property
     def num_cached_tokens(self) -> int:
         return self.metrics.num_cached_tokens
-
-    @property
-    def prompt_logprobs(self) -> None:
-        """vLLM's field: None, as there when ``SamplingParams.prompt_logprobs`` is not set (specdec refuses it)."""
-        return None
 
 
 @dataclass
@@ -77,7 +75,8 @@ class StreamOutput:
     """One streamed increment: the new ``token_ids`` and ``text`` of a step; the last one has
     ``finished=True``, the ``finish_reason``, the ``stop_reason`` (:class:`CompletionOutput`'s) and the request's
     final ``metrics``. ``logprobs``: one :data:`TokenLogprobDict` per token of ``token_ids`` when the request asked
-    for them, else None."""
+    for them, else None. ``prompt_logprobs``: :class:`RequestOutput`'s, on a request's first output (None on the
+    others, as in vLLM's streams)."""
 
     token_ids: list[int]
     text: str
@@ -86,3 +85,4 @@ class StreamOutput:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     logprobs: list[TokenLogprobDict] | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list[TokenLogprobDict | None] | None = None

@@ -23,12 +23,16 @@ import dataclasses
 import torch
 
 from specdec.drafters.base import Drafter
+from specdec.logprobs import token_logprobs
 from specdec.models.base import CausalLM, ForwardBatch, KVCache, prefill_batches, to_device
 from specdec.models.prefix_cache import BlockFeatures
 from specdec.sequence import Sequence
 
 FeedRow = tuple[Sequence, int, int]
 """A row of a feed: ``(sequence, first context index, count)``."""
+SCORED_TOKENS = 512
+"""The most tokens of a row scoring its prompt (:func:`scores_prompt`) in one forward: its logits of every token,
+``[count, V]``, are what it holds in memory (512 x a 128k vocabulary in float32: 256 MiB)."""
 
 
 class PromptFeed:
@@ -82,7 +86,19 @@ class PromptFeed:
 
     def feed_apart(self, rows: list[FeedRow]) -> None:
         """Feed ``rows`` in forwards of their own (ragged, as few as
-        :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), keeping what the drafter will need."""
+        :data:`~specdec.models.base.PREFILL_TOKEN_BUDGET` allows), keeping what the drafter will need. A row whose
+        prompt logprobs are still wanted (:func:`scores_prompt`) is fed alone with the logits of every token."""
+        scoring = [scores_prompt(row) for row in rows]
+        for s, first, total in (row for row, scores in zip(rows, scoring) if scores):
+            for start in range(first, first + total, SCORED_TOKENS):  # [count, V] logits at a time
+                row = (s, start, min(SCORED_TOKENS, first + total - start))
+                batch = ForwardBatch.from_rows([s.token_ids[start: start + row[2]]], [start], [s.slot],
+                                               self.target.device)
+                batch.hidden_layers = self.hidden_layers
+                out = self.target.forward(batch, self.cache)
+                self.keep([row], out.hidden)
+                _score(row, out.logits)
+        rows = [row for row, scores in zip(rows, scoring) if not scores]
         by_slot = {s.slot: (s, start, count) for s, start, count in rows}
         for batch in prefill_batches([s.token_ids[a: a + n] for s, a, n in rows], [s.slot for s, _, _ in rows],
                                      self.target.device, starts=[a for _, a, _ in rows]):
@@ -142,14 +158,16 @@ class PromptFeed:
         """Drop a sequence being fed (aborted or finished); whether it was being fed."""
         return self.prefilling.pop(seq.request_id, None) is not None
 
-    def _start(self, seqs: list[Sequence], lookup: bool) -> list[Sequence]:
-        """The sequences of ``seqs`` being fed, after starting (empty slot, prefix-cache ``lookup``) those that
-        are new, but a new one whose first block is that of another one being fed."""
+    def _start(self, seqs: list[Sequence], caches: bool) -> list[Sequence]:
+        """The sequences of ``seqs`` being fed, after starting (empty slot, a prefix-cache lookup where the pool
+        ``caches`` prefixes and the sequence does not want its prompt's logprobs) those that are new, but a new one
+        whose first block is that of another one being fed."""
         size = self.cache.block_size
-        firsts = {tuple(s.token_ids[:size]) for s in seqs if s.request_id in self.prefilling} if lookup else set()
+        firsts = {tuple(s.token_ids[:size]) for s in seqs if s.request_id in self.prefilling} if caches else set()
         for s in seqs:
             if s.request_id in self.prefilling:
                 continue
+            lookup = caches and s.params.prompt_logprobs is None
             first = tuple(s.token_ids[:size])
             if lookup and first in firsts:
                 continue
@@ -161,3 +179,24 @@ class PromptFeed:
                 s.metrics.num_cached_tokens = cached
             self.prefilling[s.request_id] = [self.features.read(s.slot, cached)] if cached and self.features else []
         return [s for s in seqs if s.request_id in self.prefilling]
+
+
+def scores_prompt(row: FeedRow) -> bool:
+    """Whether feeding ``row`` computes prompt logprobs its sequence still wants (``params.prompt_logprobs``): the
+    logits at context position ``i`` give those of prompt token ``i + 1``."""
+    s, start, count = row
+    return s.params.prompt_logprobs is not None and start + count > len(s.prompt_logprobs) and start < len(
+        s.prompt_ids) - 1
+
+
+def _score(row: FeedRow, logits: torch.Tensor) -> None:
+    """Append the prompt logprobs that the fed ``row``'s logits ``[count, V]`` give (:func:`scores_prompt`)."""
+    s, start, count = row
+    first, end = len(s.prompt_logprobs), min(start + count, len(s.prompt_ids) - 1)  # positions first..end-1
+    if end <= first:
+        return
+    if first < start:
+        raise RuntimeError(f"prompt logprobs of request {s.request_id}: positions {first}..{start - 1} were not fed")
+    picked = logits[first - start: end - start]
+    chosen = to_device(s.prompt_ids[first + 1: end + 1], logits.device)
+    s.prompt_logprobs.extend(token_logprobs(picked, chosen, [s.params.prompt_logprobs] * len(chosen)))

@@ -69,7 +69,7 @@ def check_text(text: str, what: str) -> None:
 
 
 VLLM_NEUTRAL = {
-    "best_of": (None, 1), "prompt_logprobs": (None,), "detokenize": (True,), "skip_special_tokens": (True,),
+    "best_of": (None, 1), "detokenize": (True,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "logits_processors": (None, []),
     "truncate_prompt_tokens": (None,), "extra_args": (None, {}),
 }
@@ -94,9 +94,11 @@ class SamplingParams(metaclass=VLLMNames):
     regex, choice or grammar), exact under speculation (docs/structured-output.md). ``logprobs``: None, or
     return the chosen token's log probability and those of the ``logprobs`` most likely tokens
     (0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20) at every output position (vLLM's meaning; the target's raw
-    distribution, see :mod:`specdec.logprobs`). ``min_tokens``: the stop tokens (``stop_token_ids`` and, unless
-    ``ignore_eos``, end-of-sequence) cannot be generated, and stop strings do not end the output, before this many
-    output tokens (vLLM's meaning; exact under speculation, :mod:`specdec.min_tokens`).
+    distribution, see :mod:`specdec.logprobs`). ``prompt_logprobs``: the same for every prompt token but the first
+    (vLLM's ``RequestOutput.prompt_logprobs``; such a request reads nothing from the prefix cache). ``min_tokens``:
+    the stop tokens (``stop_token_ids`` and, unless ``ignore_eos``, end-of-sequence) cannot be generated, and stop
+    strings do not end the output, before this many output tokens (vLLM's meaning; exact under speculation,
+    :mod:`specdec.min_tokens`).
     ``include_stop_str_in_output``: the text keeps the stop string, or the stop token's text, that ended it (by
     default both are left out, as in vLLM; the stop token is among the output's ``token_ids`` either way).
 
@@ -120,6 +122,7 @@ class SamplingParams(metaclass=VLLMNames):
     seed: int | None = None
     structured_outputs: StructuredOutputsParams | dict | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     n: int = 1
@@ -166,8 +169,10 @@ class SamplingParams(metaclass=VLLMNames):
         ids = self._sequence(self.stop_token_ids, "stop_token_ids", int)
         if any(not _is_int(t) or t < 0 for t in ids):
             raise SpecDecError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise SpecDecError(f"logprobs must be None or an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise SpecDecError(f"{name} must be None or an integer in 0..{MAX_LOGPROBS}, got {value!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
             raise SpecDecError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), "
                                f"got {self.min_tokens!r}")
@@ -226,10 +231,11 @@ class SamplingParams(metaclass=VLLMNames):
 
     def choices(self) -> list[SamplingParams]:
         """The parameters of each of the ``n`` outputs, ``n`` 1 in each: choice ``i`` of a seeded request
-        samples with ``seed + i``."""
+        samples with ``seed + i``; choice 0 alone computes the prompt's logprobs."""
         if self.n == 1:
             return [self]
-        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
+        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i,
+                        prompt_logprobs=self.prompt_logprobs if i == 0 else None) for i in range(self.n)]
 
     @property
     def penalizes(self) -> bool:

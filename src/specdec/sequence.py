@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdec.logprobs import TokenLogprobs
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 
@@ -24,7 +25,9 @@ class Sequence:
     end it (``stop_token_ids`` plus end-of-sequence unless ``ignore_eos``). ``slot`` is the
     KV-pool row it owns while running (-1 while waiting or after it finished). ``grammar``: the
     state of its ``params.structured_outputs`` constraint (None without one). ``bad_words``: the token sequences
-    its ``params.bad_words`` ban (:func:`specdec.penalties.bad_word_ids`).
+    its ``params.bad_words`` ban (:func:`specdec.penalties.bad_word_ids`). ``prompt_logprobs``: with
+    ``params.prompt_logprobs``, those of its prompt tokens ``1, 2, ...`` as they are fed
+    (:class:`~specdec.prompt_feed.PromptFeed`).
     """
 
     request_id: str
@@ -39,6 +42,7 @@ class Sequence:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     grammar: GrammarState | None = None
     bad_words: tuple[tuple[int, ...], ...] = ()
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)

@@ -34,7 +34,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM, StreamOutput, TokenLogprobDict
 from specdec.metrics import RequestMetrics
-from specdec.server.logprobs import chat_logprobs, completion_logprobs
+from specdec.server.logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    prompt_completion_logprobs,
+    vllm_prompt_logprobs,
+)
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
@@ -101,6 +106,7 @@ class Choice:
         self.metrics: RequestMetrics | None = None
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobDict] = []
+        self.prompt_logprobs: list[TokenLogprobDict | None] | None = None  # the prompt's first choice's only
         self.offset = 0
 
 
@@ -163,6 +169,8 @@ class Submission:
             if item.logprobs is not None:
                 choice.token_ids.extend(item.token_ids)
                 choice.logprobs.extend(item.logprobs)
+            if item.prompt_logprobs is not None:
+                choice.prompt_logprobs = item.prompt_logprobs
             if item.finished:
                 choice.finish_reason, choice.metrics = item.finish_reason, item.metrics
                 choice.stop_reason = item.stop_reason
@@ -370,8 +378,14 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
+            lead = None
+            if echo is not None:  # a whole response (a stream does not take echo with logprobs): the prompt leads
+                index = submission.choices.index(choice)
+                first = submission.choices[index - index % prepared.request.n]
+                lead, choice.offset = prompt_completion_logprobs(prepared.prompts[index // prepared.request.n][1],
+                                                                 first.prompt_logprobs, num_top, llm.token_texts)
             shaped, choice.offset = completion_logprobs(token_ids, entries, num_top, llm.token_texts, choice.offset)
-            return shaped
+            return shaped if lead is None else {key: lead[key] + shaped[key] for key in shaped}
 
         submission = Submission(state, prepared)
         echo = prepared.echo_texts
@@ -433,6 +447,9 @@ async def _respond(request: Request, submission: Submission, fields: SamplingFie
         shaped = logprobs(choice, choice.token_ids, choice.logprobs) if wants_logprobs else None
         choices.append({"index": index, **body, "logprobs": shaped, "finish_reason": choice.finish_reason,
                         "stop_reason": choice.stop_reason})
+        if fields.prompt_logprobs is not None:  # vLLM's, from the prompt's first choice
+            choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(
+                submission.choices[index - index % fields.n].prompt_logprobs)
     obj = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
 

@@ -65,6 +65,26 @@ def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobDict], n
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
 
 
+def prompt_completion_logprobs(prompt_ids: list[int], entries: list[TokenLogprobDict | None], num_top: int,
+                               texts: TokenTexts) -> tuple[dict[str, Any], int]:
+    """The completions shape of an echoed prompt (``entries``: the Python API's ``prompt_logprobs``, None for the
+    first token, whose values are null as in OpenAI's API); returns it and the offset after the prompt."""
+    first = prompt_ids[0]
+    text = texts.text(first)
+    head = {"tokens": [_text(texts, first, Logprob(0.0, None, text))], "token_logprobs": [None],
+            "top_logprobs": [None], "text_offset": [0]}
+    rest, offset = completion_logprobs(prompt_ids[1:], entries[1:], num_top, texts, len(text or ""))
+    return {key: head[key] + rest[key] for key in head}, offset
+
+
+def vllm_prompt_logprobs(entries: list[TokenLogprobDict | None]) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs`` of a choice: None for the first token, then ``{token id: {"logprob", "rank",
+    "decoded_token"}}`` per prompt token."""
+    return [None if entry is None else {str(token): {"logprob": lp.logprob, "rank": lp.rank,
+                                                     "decoded_token": lp.decoded_token}
+                                        for token, lp in entry.items()} for entry in entries]
+
+
 def chat_logprobs(token_ids: list[int], entries: list[TokenLogprobDict], num_top: int,
                   texts: TokenTexts) -> dict[str, Any]:
     """The chat shape of some tokens."""

@@ -1,14 +1,17 @@
 """The OpenAI wire format: request models with their validation, error bodies, response pieces.
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
-not a number), and an OpenAI field this server does not implement (penalties, tools, ``best_of``,
-...) is refused by name unless it has its neutral value (:data:`UNSUPPORTED`). ``null`` for an optional field
+not a number), and an OpenAI field this server does not implement (tools, ``best_of``, ...) is refused by
+name unless it has its neutral value (:data:`UNSUPPORTED`). ``null`` for an optional field
 is its default, as in OpenAI's API.
 
 Logprobs (:mod:`specdec.server.logprobs` builds the shapes): completions take ``logprobs`` (null or an
 integer in 0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20; ``false`` is null) and ``echo`` (the prompt's
-text before each choice's text; not with ``logprobs``, whose prompt part is not computed); chat takes
-``logprobs`` (a boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with ``logprobs: true``).
+text before each choice's text; with ``logprobs``, the prompt's tokens lead the logprobs, the first with null
+values); chat takes ``logprobs`` (a boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with
+``logprobs: true``). Both take vLLM's ``prompt_logprobs`` (``0..20``: each choice gets vLLM's
+``prompt_logprobs`` list). The prompt's logprobs come in whole responses only (a stream asking for them is a
+400).
 Sampling values are checked by :class:`~specdec.sampling.SamplingParams` itself, so the server
 accepts exactly what the Python API accepts. Every problem is an :class:`APIError` carrying
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -177,6 +180,7 @@ class SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -221,7 +225,26 @@ class SamplingFields(_Strict):
                               include_stop_str_in_output=self.include_stop_str_in_output,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=self.token_biases(),
-                              allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words)
+                              allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+                              prompt_logprobs=self.num_prompt_logprobs() if choice == 0 else None)
+
+    def num_prompt_logprobs(self) -> int | None:
+        """How many top tokens to report per prompt position (None: no prompt logprobs); the first choice of a
+        prompt computes them for all its choices."""
+        return self.prompt_logprobs
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs(cls, value: int | None) -> int | None:
+        return _check_logprobs(value, "prompt_logprobs")
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> SamplingFields:
+        if self.stream and self.num_prompt_logprobs() is not None:
+            field = "prompt_logprobs" if self.prompt_logprobs is not None else "echo"
+            raise APIError(400, f"{field} asks for the prompt's logprobs, which specdec serve returns in a whole "
+                                "response only: send stream false", param=field)
+        return self
 
     def token_biases(self) -> dict[int, float] | None:
         """``logit_bias`` with token ids for keys: OpenAI's JSON object maps token ids, written as strings, to
@@ -333,15 +356,15 @@ class CompletionRequest(SamplingFields):
     def _logprobs(cls, value: int | None) -> int | None:
         return _check_logprobs(value, "logprobs")
 
-    @model_validator(mode="after")
-    def _echo_without_logprobs(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported: specdec serve does not compute the prompt's "
-                                "logprobs; send echo or logprobs, not both", param="echo")
-        return self
-
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """``prompt_logprobs``, or with ``echo`` and ``logprobs`` (the prompt's tokens lead the logprobs) as many
+        as ``logprobs``."""
+        if self.prompt_logprobs is None and self.echo and self.logprobs is not None:
+            return self.logprobs
+        return self.prompt_logprobs
 
     @field_validator("prompt", mode="plain")
     @classmethod
