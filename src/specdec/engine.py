@@ -171,13 +171,13 @@ class Engine:
         setups = one_time_setups()
         grammars = [s.grammar for s in seqs]
         constrained = any(g is not None for g in grammars)
-        adjusting = adjusted_rows(seqs) if self.drafter is not None else []
-        members = dict(zip(adjusting, range(len(adjusting))))
+        adjusted = adjusted_rows(seqs)  # their drafts are drawn from adjusted logits, their target's logits adjusted
+        members = dict(zip(adjusted, range(len(adjusted))))
+        adjuster = DraftAdjuster([seqs[b] for b in adjusted]) if adjusted and self.drafter is not None else None
         sampling = SamplingBatch([s.params for s in seqs], [s.generator for s in seqs], device,
                                  grammars if constrained else None,
                                  [len(s.token_ids) for s in seqs] if self.deterministic else None,
-                                 DraftAdjuster([seqs[b] for b in adjusting]) if adjusting else None,
-                                 [members.get(b) for b in range(len(seqs))])
+                                 adjuster, [members.get(b) for b in range(len(seqs))])
 
         # 1. Propose: the policy's k per row, at most k, never more than the tokens it may still
         #    emit minus the one the target always adds.
@@ -225,7 +225,7 @@ class Engine:
         #    Rows below their min_tokens decide from logits without their stop tokens (:mod:`specdec.min_tokens`),
         #    rows with penalties or biases from adjusted logits at every column (:mod:`specdec.penalties`).
         verified = logits  # the logits each emitted token was decided by: [B, V], or [B, K+1, V] below
-        early, adjusted = below_floor(seqs), adjusted_rows(seqs)
+        early = below_floor(seqs)
         if width == 0:  # logits are [B, V], one row per sequence
             if early:
                 logits = ban_early_stops(logits, seqs)
