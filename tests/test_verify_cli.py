@@ -37,6 +37,24 @@ def test_passes_on_a_correct_configuration(pair, capsys, k):
     assert ": ok" in out and "verdict: PASS" in out
 
 
+PENALTIES = ["--presence-penalty", "-1.5", "--frequency-penalty", "-1", "--repetition-penalty", "1.5"]
+"""Negative presence and frequency penalties: a repeat is likelier, so counting a draft's path wrong shows."""
+
+
+def test_passes_with_penalties_and_fails_when_the_drafts_path_is_not_counted(pair, capsys, monkeypatch):
+    """Both checks run with the penalties (the reference adjusts the target's logits as plain decoding does);
+    the target's columns adjusted for the output alone, not the drafts before them, fail."""
+    assert verify(pair, "--num-speculative-tokens", "2", *PENALTIES) == 0
+    out = capsys.readouterr().out
+    assert "presence penalty -1.5, frequency penalty -1, repetition penalty 1.5" in out
+    assert "4 identical" in out and "verdict: PASS" in out
+    adjust = specdec.engine.adjust
+    monkeypatch.setattr(specdec.engine, "adjust",
+                        lambda logits, seqs, rows, *drafts: adjust(logits, seqs, rows))
+    assert verify(pair, "--num-speculative-tokens", "2", *PENALTIES) == 1
+    assert "verdict: FAIL" in capsys.readouterr().out
+
+
 def test_fails_when_the_residual_is_wrong(pair, capsys, monkeypatch):
     monkeypatch.setattr(specdec.verify, "residual_distribution", lambda p, q: p)
     assert verify(pair, "--num-speculative-tokens", "1") == 1
@@ -67,3 +85,9 @@ def test_a_prompts_file_shorter_than_the_sampling_prompts_is_a_bad_input(pair, c
     assert verify(pair, "--prompts-file", str(prompts), "--sampling-prompts", "2") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sampling-prompts 2 is more than the 1 prompts of" in err[0]
+
+
+def test_a_bad_penalty_is_a_bad_input(pair, capsys):
+    assert verify(pair, "--presence-penalty", "3") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "presence_penalty must be a number in [-2, 2], got 3.0" in err[0]

@@ -74,12 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="maximum new tokens (default 128)")
     p.add_argument("--min-tokens", type=int, default=0,
                    help="no end-of-sequence token or stop string before this many new tokens (default 0)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtracted from the logit of every token the output holds (-2..2, default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtracted once per occurrence in the output (-2..2, default 0)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="divides the positive logits of prompt and output tokens, multiplies the others (default 1)")
+    add_penalty_flags(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
@@ -90,6 +85,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "so that tokens/s leaves out one-time costs; drafters forget what the warm-up taught them "
                    "(default 1; 0: the figure includes them)")
     p.set_defaults(func=run)
+
+
+def add_penalty_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's three penalties (``specdec generate`` and ``specdec verify``; :func:`penalties_of` reads them)."""
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of every token the output holds (-2..2, default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted once per occurrence in the output (-2..2, default 0)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides the positive logits of prompt and output tokens, multiplies the others (default 1)")
+
+
+def penalties_of(args: argparse.Namespace) -> dict[str, float]:
+    """The ``SamplingParams`` fields of :func:`add_penalty_flags`' flags."""
+    return {"presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+            "repetition_penalty": args.repetition_penalty}
 
 
 def _k_value(text: str) -> int | str:
@@ -390,8 +401,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos, seed=args.seed,
-        min_tokens=args.min_tokens, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+        min_tokens=args.min_tokens, **penalties_of(args),
     )
     if args.warmup < 0:
         raise SpecDecError(f"--warmup must be at least 0, got {args.warmup}")

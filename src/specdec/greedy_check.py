@@ -18,7 +18,7 @@ torch is imported when a target runs, so that importing this module stays cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -113,6 +113,7 @@ def check_greedy(
     expected: Sequence[int],
     actual: Sequence[int],
     ulps: float = ROUNDING_ULPS,
+    adjust: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
 ) -> GreedyVerdict:
     """Compare two greedy outputs of ``prompt_ids`` under ``target`` (e.g. ``LLM(...).target``).
 
@@ -120,7 +121,9 @@ def check_greedy(
     lists of generated token ids (prompt excluded). Equal lists are ``"equal"`` without running the
     target. Otherwise the target runs once over ``prompt_ids + expected[:position]`` and the verdict
     carries the logit gap of the two differing tokens, the top-2 gap and the tolerance; it is a
-    ``"tie"`` when ``gap <= rounding_tolerance(max(|logits of the two|), target.dtype, ulps)``.
+    ``"tie"`` when ``gap <= rounding_tolerance(max(|logits of the two|), target.dtype, ulps)``. ``adjust``:
+    the logits there ``[V]`` and the output before them to the logits greedy decoding took the argmax of (the
+    request's penalties, :func:`specdec.penalties.adjusted_position`).
     """
     position = first_difference(expected, actual)
     if position is None:
@@ -129,6 +132,8 @@ def check_greedy(
         return GreedyVerdict("mismatch", position)
     a, b = int(expected[position]), int(actual[position])
     logits = next_token_logits(target, [*prompt_ids, *expected[:position]]).double()
+    if adjust is not None:
+        logits = adjust(logits, list(expected[:position]))
     la, lb = logits[a].item(), logits[b].item()
     top2 = logits.topk(2).values
     gap = abs(la - lb)

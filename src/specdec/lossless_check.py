@@ -9,6 +9,9 @@ Two checks, each against plain decoding of the same target:
 - sampling: on a few prompts, the first two sampled tokens of many seeded requests, under a
   top-k restricted distribution (so its ``k²`` outcomes can be enumerated from the target), follow
   the target's exact joint distribution by Pearson's chi-square test.
+
+Both run with the request's penalties when given: the reference then adjusts the target's logits as plain
+decoding does (:func:`specdec.penalties.adjusted_position`).
 """
 
 from __future__ import annotations
@@ -19,20 +22,31 @@ import torch
 
 from specdec.greedy_check import GreedyVerdict, check_greedy, next_token_logits
 from specdec.llm import LLM
+from specdec.penalties import adjusted_position
 from specdec.sampling import SamplingParams, logits_to_probs
 
 MIN_EXPECTED = 5.0  # cells expected fewer times than this are pooled into one for the chi-square test
 
 
-def greedy_equality(reference: LLM, candidate: LLM, prompts: list[list[int]], max_tokens: int) -> list[GreedyVerdict]:
+def greedy_equality(reference: LLM, candidate: LLM, prompts: list[list[int]], max_tokens: int,
+                    penalties: dict[str, float] | None = None) -> list[GreedyVerdict]:
     """One verdict per prompt: ``candidate``'s greedy output against ``reference``'s (plain decoding of
-    the same target), ``max_tokens`` tokens each, end-of-sequence ignored, every prompt in one batch."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    the same target), ``max_tokens`` tokens each, end-of-sequence ignored, every prompt in one batch;
+    ``penalties``: ``SamplingParams`` penalty fields both run with."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **(penalties or {}))
     requests = [{"prompt_token_ids": p} for p in prompts]
     plain = reference.generate(requests, params)
     speculative = candidate.generate(requests, params)
-    return [check_greedy(reference.target, p, a.outputs[0].token_ids, b.outputs[0].token_ids)
+    return [check_greedy(reference.target, p, a.outputs[0].token_ids, b.outputs[0].token_ids,
+                         adjust=_adjust(p, params))
             for p, a, b in zip(prompts, plain, speculative, strict=True)]
+
+
+def _adjust(prompt: list[int], params: SamplingParams):
+    """The adjustment of one position's logits after an output (None without penalties)."""
+    if not params.adjusts_logits:
+        return None
+    return lambda logits, output: adjusted_position(logits, prompt, output, params)
 
 
 @dataclass
@@ -52,10 +66,11 @@ class SamplingCheck:
 def exact_first_two(reference: LLM, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
     """The target's probability of each ``(t1, t2)`` under ``params`` (top-k keeps it to ``k²`` pairs),
     from fresh forwards of the prompt and of the prompt plus each possible first token."""
-    first = logits_to_probs(next_token_logits(reference.target, prompt).double(), params)
+    adjust = _adjust(prompt, params) or (lambda logits, output: logits)
+    first = logits_to_probs(adjust(next_token_logits(reference.target, prompt).double(), []), params)
     joint = {}
     for t1 in first.nonzero().flatten().tolist():
-        second = logits_to_probs(next_token_logits(reference.target, [*prompt, t1]).double(), params)
+        second = logits_to_probs(adjust(next_token_logits(reference.target, [*prompt, t1]).double(), [t1]), params)
         for t2 in second.nonzero().flatten().tolist():
             joint[(t1, t2)] = first[t1].item() * second[t2].item()
     return joint
@@ -87,12 +102,12 @@ def chi_square(counts: dict[tuple[int, int], int], probs: dict[tuple[int, int], 
 
 
 def sampling_exactness(reference: LLM, candidate: LLM, prompt: list[int], temperature: float, top_k: int,
-                       samples: int, seed: int = 0) -> SamplingCheck:
+                       samples: int, seed: int = 0, penalties: dict[str, float] | None = None) -> SamplingCheck:
     """``samples`` seeded requests of two tokens (end-of-sequence ignored) through ``candidate``, batched,
     compared with the target's exact distribution of the first two tokens under
-    ``temperature`` and ``top_k``."""
+    ``temperature``, ``top_k`` and ``penalties`` (``SamplingParams`` penalty fields)."""
     params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, ignore_eos=True,
-                             seed=seed * 1_000_003 + i) for i in range(samples)]
+                             seed=seed * 1_000_003 + i, **(penalties or {})) for i in range(samples)]
     outputs = candidate.generate([{"prompt_token_ids": prompt}] * samples, params)
     counts: dict[tuple[int, int], int] = {}
     for out in outputs:

@@ -217,6 +217,19 @@ def _ban_bad_words(work: torch.Tensor, seqs: list[Sequence], drafts: torch.Tenso
     return work
 
 
+def adjusted_position(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
+                      params: SamplingParams) -> torch.Tensor:
+    """One position's logits ``[V]`` adjusted as plain decoding adjusts them after ``output_ids`` (the
+    reference of ``specdec verify``; bad words are not applied)."""
+    vocab, device = logits.shape[-1], logits.device
+    counts = torch.zeros(vocab, dtype=logits.dtype, device=device)
+    if output_ids:
+        counts.index_put_((to_device(output_ids, device),), torch.ones(len(output_ids), dtype=logits.dtype,
+                                                                        device=device), accumulate=True)
+    prompts = _masks([prompt_ids if params.repetition_penalty != 1.0 else []], (1, vocab), device)
+    return _apply(logits[None, None], [params], lambda: prompts, lambda: counts[None, None])[0, 0]
+
+
 class DraftAdjuster:
     """The adjustments of a step's drafting rows, for a drafter that draws its drafts one position at a time from
     its own logits (:func:`specdec.drafters.base.draw_column`): it draws from logits adjusted as the target's

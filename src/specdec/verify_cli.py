@@ -14,7 +14,15 @@ import random
 from pathlib import Path
 
 from specdec.errors import SpecDecError
-from specdec.generate_cli import PLAIN, _resolve_models, _speculative_config, add_model_flags, checked_config
+from specdec.generate_cli import (
+    PLAIN,
+    _resolve_models,
+    _speculative_config,
+    add_model_flags,
+    add_penalty_flags,
+    checked_config,
+    penalties_of,
+)
 from specdec.jsonl import read_jsonl
 
 PROMPTS = [
@@ -60,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--significance", type=float, default=1e-3,
                    help="a sampling prompt fails when its chi-square p-value is below this (default 0.001)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled requests (default 0)")
+    add_penalty_flags(p)  # both checks run with them; the reference adjusts the target's logits alike
     p.set_defaults(func=run)
 
 
@@ -112,8 +121,12 @@ def run(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.lossless_check import greedy_equality, sampling_exactness
     from specdec.models.loader import load_hf_model, load_tokenizer, resolve_device
+    from specdec.sampling import SamplingParams
 
     _check_flags(args)
+    penalties = {name: value for name, value in penalties_of(args).items()
+                 if value != SamplingParams.__dataclass_fields__[name].default}
+    SamplingParams(**penalties)  # bad values are a SpecDecError before anything loads
     model, draft, method = _resolve_models(args)
     spec = checked_config(_speculative_config(args, draft, method))
     if spec is None:
@@ -135,15 +148,15 @@ def run(args: argparse.Namespace) -> int:
 
     reference, candidate = llm(None), llm(spec)
     print(f"specdec verify: target {model}, {method}, k={candidate.speculative_config.num_speculative_tokens}"
-          + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}",
-          flush=True)
+          + (f", draft {draft}" if draft else "") + f", {str(target.dtype).removeprefix('torch.')} on {device}"
+          + "".join(f", {name.replace('_', ' ')} {value:g}" for name, value in penalties.items()), flush=True)
     prompts = _prompts(args, reference)
     if len(prompts) < args.sampling_prompts:
         raise SpecDecError(f"--sampling-prompts {args.sampling_prompts} is more than the {len(prompts)} prompts of "
                            f"{args.prompts_file}: the sampling test takes the first of the greedy prompts")
     print(f"greedy: generating {len(prompts)} prompts x {args.max_tokens} tokens, plain and speculative ...",
           flush=True)
-    verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens)
+    verdicts = greedy_equality(reference, candidate, prompts, args.max_tokens, penalties)
     ties = [(i, v) for i, v in enumerate(verdicts) if v.kind == "tie"]
     mismatches = [(i, v) for i, v in enumerate(verdicts) if v.kind == "mismatch"]
     print(f"greedy: {len(prompts)} prompts x {args.max_tokens} tokens, one batch: "
@@ -159,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
               "finishes", flush=True)
     for i, prompt in enumerate(prompts[: args.sampling_prompts]):
         check = sampling_exactness(reference, candidate, prompt, args.temperature, args.top_k, args.samples,
-                                   args.seed + i)
+                                   args.seed + i, penalties)
         ok = check.pvalue >= args.significance
         failed |= not ok
         impossible = f", {check.impossible} samples the target cannot produce" if check.impossible else ""
