@@ -137,3 +137,19 @@ def test_a_pool_for_the_concurrency_never_preempts(target):
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert llm.scheduler.num_preemptions == 0
     assert llm.engine.cache.num_used_blocks == 0
+
+
+def test_preemption_scores_each_prompt_once(target):
+    """``prompt_logprobs`` under preemption: a recomputed sequence's prompt is fed again but not scored again, and
+    its prompt logprobs equal those of a pool that holds every sequence."""
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True, prompt_logprobs=2)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    roomy = _llm(target, max_num_seqs=6).generate(prompts, params)
+    small = _llm(target, max_num_seqs=6, kv_cache_memory=_budget(target, 160))
+    outputs = small.generate(prompts, params)
+    assert small.scheduler.num_preemptions > 0
+    for out, reference, prompt in zip(outputs, roomy, PROMPTS):
+        assert len(out.prompt_logprobs) == len(prompt)
+        assert [None if e is None else {t: lp.logprob for t, lp in e.items()} for e in out.prompt_logprobs] == [
+            None if e is None else {t: lp.logprob for t, lp in e.items()} for e in reference.prompt_logprobs]
+        assert out.outputs[0].token_ids == reference.outputs[0].token_ids
