@@ -14,6 +14,7 @@ or garbage-collected early aborts its sequence and frees its slot.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -191,6 +192,9 @@ class LLM(metaclass=VLLMNames):
         self._lock = threading.RLock()
         self._grammar_cache: GrammarCache | None = None  # built at the first constrained request
         self._grammar_lock = threading.Lock()  # not the model's: a server handler compiles while a step runs
+        # bad_words -> the token sequences they ban: tokenized once per list (checked, then each choice submitted)
+        self._bad_word_ids = functools.lru_cache(maxsize=64)(
+            functools.partial(bad_word_ids, self.tokenizer, vocab=self.target.vocab_size))
         self._registry: CollectorRegistry | None = None  # get_metrics' collectors, registered at its first call
         self.latencies = Latencies()  # of the requests' outputs as they are filed (:meth:`_file`)
 
@@ -245,7 +249,7 @@ class LLM(metaclass=VLLMNames):
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
             raise SpecDecError(f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-        check_adjustments(params, vocab, self.tokenizer,
+        check_adjustments(params, vocab, self._bad_word_ids(params.bad_words),
                           set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids))
         if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
             with self._grammar_lock:
@@ -285,7 +289,7 @@ class LLM(metaclass=VLLMNames):
                 stop_ids=frozenset(stop_ids),
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
-            seq.bad_words = bad_word_ids(self.tokenizer, params.bad_words, self.target.vocab_size)
+            seq.bad_words = self._bad_word_ids(params.bad_words)
             request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
                                                        include_stop=params.include_stop_str_in_output),

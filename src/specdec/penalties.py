@@ -22,10 +22,9 @@ path, so exact verification (greedy matching or rejection sampling, which hold f
 speculation's output equal to plain decoding's. A drafter that draws from its own logits position by position
 (a draft model, an EAGLE, Medusa or MTP head, layer skip) draws from them adjusted the same way
 (:class:`DraftAdjuster`; bad words excepted, which would read each draft on the host), so that it proposes what
-the adjusted target would; the others (n-gram, suffix,
-lookahead, trees) propose as without adjustments, which costs acceptance, never exactness. ``-inf`` (a banned
-stop token, a grammar's mask) stays ``-inf`` through every adjustment, so their order with
-:mod:`specdec.min_tokens` and constraints does not matter.
+the adjusted target would; the others (n-gram, suffix, lookahead, trees) propose as without adjustments, which
+costs acceptance, never exactness. ``-inf`` (a banned stop token, a grammar's mask) stays ``-inf`` through every
+adjustment, so their order with :mod:`specdec.min_tokens` and constraints does not matter.
 """
 
 from __future__ import annotations
@@ -61,15 +60,17 @@ def bad_word_ids(tokenizer, words: tuple[str, ...] | None, vocab: int) -> tuple[
     return tuple(dict.fromkeys(sequences))
 
 
-def check_adjustments(params: SamplingParams, vocab: int, tokenizer, stops: set[int]) -> None:
-    """A :class:`SpecDecError` where ``params``' token ids (``logit_bias``, ``allowed_token_ids``, the tokens of
-    ``bad_words`` with ``tokenizer``) are outside the vocabulary, or where no allowed token is left: every one
-    banned by a one-token bad word, or by ``stops`` (the request's stop tokens) below ``min_tokens``."""
+def check_adjustments(params: SamplingParams, vocab: int, bad_words: tuple[tuple[int, ...], ...],
+                      stops: set[int]) -> None:
+    """A :class:`SpecDecError` where ``params``' token ids (``logit_bias``, ``allowed_token_ids``) are outside the
+    vocabulary, or where no allowed token is left: every one banned by a one-token bad word (``bad_words``: the
+    sequences :func:`bad_word_ids` made of ``params.bad_words``), or by ``stops`` (the request's stop tokens) below
+    ``min_tokens``."""
     for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
         bad = [t for t in ids if t >= vocab]
         if bad:
             raise SpecDecError(f"{name} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-    banned = {ids[0] for ids in bad_word_ids(tokenizer, params.bad_words, vocab) if len(ids) == 1}
+    banned = {ids[0] for ids in bad_words if len(ids) == 1}
     allowed = set(params.allowed_token_ids or ())
     if allowed and banned.issuperset(allowed):
         raise SpecDecError(f"allowed_token_ids {sorted(allowed)[:5]} are all banned by bad_words: no token could be "
@@ -90,15 +91,20 @@ def _flat_index(rows: list[list[int]], device: torch.device) -> tuple[torch.Tens
             to_device([t for tokens in rows for t in tokens], device))
 
 
+def _token_counts(rows: list[list[int]], vocab: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``[R, V]``: how often each token occurs in each of ``rows`` (host lists)."""
+    counts = torch.zeros(len(rows), vocab, dtype=dtype, device=device)
+    row, token = _flat_index(rows, device)
+    counts.index_put_((row, token), torch.ones(len(token), dtype=dtype, device=device), accumulate=True)
+    return counts
+
+
 def _counts(seqs: list[Sequence], shape: tuple[int, int, int], device: torch.device, dtype: torch.dtype,
             drafts: torch.Tensor | None, num_draft: list[int] | None, ancestors: torch.Tensor | None) -> torch.Tensor:
     """``[R, C, V]``: each token's count at each column (module docstring) of the rows ``seqs``."""
     rows, columns, vocab = shape
-    counts = torch.zeros(rows, columns, vocab, dtype=dtype, device=device)
-    row, token = _flat_index([s.token_ids[len(s.prompt_ids):] for s in seqs], device)
-    output = torch.zeros(rows, vocab, dtype=dtype, device=device)
-    output.index_put_((row, token), torch.ones(len(token), dtype=dtype, device=device), accumulate=True)
-    counts += output[:, None]
+    counts = _token_counts([s.token_ids[len(s.prompt_ids):] for s in seqs], vocab, device, dtype)[:, None].repeat(
+        1, columns, 1)
     if drafts is not None and columns > 1:  # the path's drafts: fed token i (draft i - 1) on column j's path
         width = drafts.shape[1]
         fed = torch.arange(1, width + 1, device=device)
@@ -120,10 +126,11 @@ def _masks(rows: list[list[int]], shape: tuple[int, int], device: torch.device) 
     return mask
 
 
-def _prompt_masks(seqs: list[Sequence], vocab: int, device: torch.device) -> torch.Tensor:
+def _prompt_masks(prompts: list[list[int]], params: list[SamplingParams], vocab: int,
+                  device: torch.device) -> torch.Tensor:
     """``[R, V]`` bool: each row's prompt tokens where it has a repetition penalty (else none)."""
-    return _masks([s.prompt_ids if s.params.repetition_penalty != 1.0 else [] for s in seqs], (len(seqs), vocab),
-                  device)
+    return _masks([prompt if p.repetition_penalty != 1.0 else [] for prompt, p in zip(prompts, params)],
+                  (len(prompts), vocab), device)
 
 
 def _apply(work: torch.Tensor, params: list[SamplingParams], prompts: Callable[[], torch.Tensor],
@@ -165,21 +172,18 @@ def adjust(logits: torch.Tensor, seqs: Sequence_[Sequence], rows: list[int], dra
     flat = logits.dim() == 2
     scores = logits[:, None] if flat else logits
     picked = [seqs[b] for b in rows]
+    params = [s.params for s in picked]
     index = to_device(rows, scores.device)
     work = scores[index]  # [R, C, V]
-
-    def counts() -> torch.Tensor:
-        return _counts(picked, tuple(work.shape), work.device, work.dtype, None if drafts is None else drafts[index],
-                       None if num_draft is None else [num_draft[b] for b in rows],
-                       None if ancestors is None else ancestors[index])
-
+    # the picked rows' drafts [R, K], draft counts [R] and ancestors [R, C, C]
+    paths = (None if drafts is None else drafts[index], None if num_draft is None else [num_draft[b] for b in rows],
+             None if ancestors is None else ancestors[index])
     if any(s.bad_words for s in picked):
-        work = _ban_bad_words(work, picked, None if drafts is None else drafts[index],
-                              None if num_draft is None else [num_draft[b] for b in rows],
-                              None if ancestors is None else ancestors[index])
+        work = _ban_bad_words(work, picked, *paths)
     out = scores.clone()
-    out[index] = _apply(work, [s.params for s in picked], lambda: _prompt_masks(picked, work.shape[-1], work.device),
-                        counts)
+    out[index] = _apply(work, params,
+                        lambda: _prompt_masks([s.prompt_ids for s in picked], params, work.shape[-1], work.device),
+                        lambda: _counts(picked, tuple(work.shape), work.device, work.dtype, *paths))
     return out[:, 0] if flat else out
 
 
@@ -222,12 +226,8 @@ def adjusted_position(logits: torch.Tensor, prompt_ids: list[int], output_ids: l
     """One position's logits ``[V]`` adjusted as plain decoding adjusts them after ``output_ids`` (the
     reference of ``specdec verify``; bad words are not applied)."""
     vocab, device = logits.shape[-1], logits.device
-    counts = torch.zeros(vocab, dtype=logits.dtype, device=device)
-    if output_ids:
-        counts.index_put_((to_device(output_ids, device),), torch.ones(len(output_ids), dtype=logits.dtype,
-                                                                        device=device), accumulate=True)
-    prompts = _masks([prompt_ids if params.repetition_penalty != 1.0 else []], (1, vocab), device)
-    return _apply(logits[None, None], [params], lambda: prompts, lambda: counts[None, None])[0, 0]
+    return _apply(logits[None, None], [params], lambda: _prompt_masks([prompt_ids], [params], vocab, device),
+                  lambda: _token_counts([output_ids], vocab, device, logits.dtype)[:, None])[0, 0]
 
 
 class DraftAdjuster:
@@ -247,9 +247,8 @@ class DraftAdjuster:
 
     def _counts(self, vocab: int, device: torch.device) -> torch.Tensor:
         if self.counts is None:
-            self.counts = torch.zeros(len(self.seqs), vocab, dtype=torch.float32, device=device)
-            row, token = _flat_index([s.token_ids[len(s.prompt_ids):] for s in self.seqs], device)
-            self.counts.index_put_((row, token), torch.ones(len(token), device=device), accumulate=True)
+            self.counts = _token_counts([s.token_ids[len(s.prompt_ids):] for s in self.seqs], vocab, device,
+                                        torch.float32)
         return self.counts
 
     def adjust(self, logits: torch.Tensor, members: list[int | None]) -> torch.Tensor:
@@ -268,7 +267,8 @@ class DraftAdjuster:
 
     def _prompts(self, vocab: int, device: torch.device) -> torch.Tensor:
         if self.prompts is None:
-            self.prompts = _prompt_masks(self.seqs, vocab, device)
+            self.prompts = _prompt_masks([s.prompt_ids for s in self.seqs], [s.params for s in self.seqs], vocab,
+                                         device)
         return self.prompts
 
     def advance(self, tokens: torch.Tensor, members: list[int | None]) -> None:
