@@ -76,7 +76,7 @@ BAD = [
     (COMPLETIONS, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format",
      "response_format.type"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 21}, "logprobs must be null or an integer in 0..20", "logprobs"),
-    (COMPLETIONS, {"prompt": "x", "logprobs": 2, "echo": True, "stream": True}, "whole response", "echo"),
+    (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 2, "stream": True}, "whole response", "prompt_logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "logprobs is not true",
      "top_logprobs"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 100_000}, f"maximum length is {CONTEXT}", "max_tokens"),

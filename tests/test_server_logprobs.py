@@ -173,6 +173,33 @@ def test_echo_with_logprobs_leads_with_the_prompts_logprobs(server, plain):
         assert abs(entry[str(token)]["logprob"] - reference[token].logprob) < TOL and 1 <= len(entry) <= 2
 
 
+
+def test_streamed_echo_with_logprobs_leads_each_choice_with_the_prompt(server):
+    """A stream with echo and logprobs: each choice's first chunk is the prompt's text with its logprobs (the
+    choices after a prompt's first wait for its scores), then the output's chunks; joined, a choice's text and
+    logprobs equal the whole response's, and with continuous usage the lead counts no completion token."""
+    body = {"prompt": [PROMPT, "def g(y):"], "temperature": 0, "max_tokens": 6, "logprobs": 2, "echo": True, "n": 2}
+    whole = post(server, "completions", body)
+    assert whole.status_code == 200, whole.text
+    events = stream(server, "completions", {**body, "stream_options": {"include_usage": True,
+                                                                        "continuous_usage_stats": True}})
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    for choice in whole.json()["choices"]:
+        mine = [(e, c) for e in events for c in e["choices"] if c["index"] == choice["index"]]
+        lead, rest = mine[0], mine[1:]
+        prompt = (PROMPT, "def g(y):")[choice["index"] // 2]
+        assert lead[1]["text"] == prompt and lead[0]["usage"]["completion_tokens"] == 0
+        assert len(lead[1]["logprobs"]["tokens"]) == len(server.state.llm.tokenizer(prompt)["input_ids"])
+        assert "".join(c["text"] for _, c in mine) == choice["text"]
+        joined = {k: [v for _, c in mine if c["logprobs"] for v in c["logprobs"][k]] for k in keys}
+        assert joined["tokens"] == choice["logprobs"]["tokens"]
+        assert joined["text_offset"] == choice["logprobs"]["text_offset"]
+        assert joined["token_logprobs"][0] is None
+        whole_values = choice["logprobs"]["token_logprobs"]
+        assert all(abs(a - b) < TOL for a, b in zip(joined["token_logprobs"][1:], whole_values[1:]))
+        assert rest[-1][1]["finish_reason"] == choice["finish_reason"]
+    assert events[-1]["usage"]["completion_tokens"] == whole.json()["usage"]["completion_tokens"]
+
 BAD = [
     ("completions", {"logprobs": 21}, "logprobs", "0..20"),
     ("completions", {"logprobs": -1}, "logprobs", "0..20"),
@@ -181,8 +208,8 @@ BAD = [
     ("completions", {"logprobs": 2.5}, "logprobs", "integer"),
     ("completions", {"top_logprobs": 2}, "top_logprobs", "not supported"),
     ("completions", {"echo": 1}, "echo", "boolean"),
-    ("completions", {"echo": True, "logprobs": 1, "stream": True}, "echo", "whole response only"),
     ("completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "whole response only"),
+    ("chat/completions", {"prompt_logprobs": 0, "stream": True}, "prompt_logprobs", "whole response only"),
     ("chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs", "0..20"),
     ("chat/completions", {"logprobs": 1}, "logprobs", "boolean"),
     ("chat/completions", {"top_logprobs": 3}, "top_logprobs", "logprobs is not true"),
@@ -201,3 +228,47 @@ def test_bad_logprobs_values_are_a_400_naming_the_parameter(server, route, extra
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_streamed_choice_waits_behind_its_lead():
+    """``_events`` with a lead: a choice whose output comes before its prompt's first choice scored the prompt
+    holds that output until its lead can be built, then sends the lead and the held outputs in order."""
+    import asyncio
+
+    from specdec.llm import StreamOutput
+    from specdec.server.app import Choice, _events
+    from specdec.server.protocol import CompletionRequest
+
+    class Outputs:  # the part of a Submission that _events reads
+        jobs = [0, 1]
+
+        def __init__(self) -> None:
+            self.choices = [Choice(), Choice()]
+
+        async def updates(self):
+            for index, item in [(1, StreamOutput([7], "a")), (1, StreamOutput([8], "b")),
+                                (0, StreamOutput([5], "x", prompt_logprobs=[None])),
+                                (1, StreamOutput([9], "c", finished=True, finish_reason="length")),
+                                (0, StreamOutput([6], "y", finished=True, finish_reason="length"))]:
+                if item.prompt_logprobs is not None:
+                    self.choices[index].prompt_logprobs = item.prompt_logprobs
+                yield index, item
+
+        def close(self) -> None:
+            pass
+
+    outputs = Outputs()
+
+    def lead(index: int):
+        return None if outputs.choices[0].prompt_logprobs is None else {"choices": [{"index": index, "text": "P"}]}
+
+    def chunk(index, text, finish, logprobs):
+        return {"index": index, "text": text, "finish_reason": finish}
+
+    async def run() -> list[str]:
+        fields = CompletionRequest(model="m", prompt="p", stream=True)
+        return [e async for e in _events(outputs, fields, chunk, [], {}, None, lead)]
+
+    sent = [json.loads(e[6:]) for e in asyncio.run(run()) if e.startswith("data: {")]
+    texts = [(c["index"], c["text"]) for e in sent for c in e["choices"]]
+    assert texts == [(0, "P"), (1, "P"), (1, "a"), (1, "b"), (0, "x"), (1, "c"), (0, "y")]

@@ -187,9 +187,11 @@ class Submission:
         cached = None if None in firsts else sum(m.num_cached_tokens for m in firsts)
         return usage(self.prompt_tokens, sum(c.num_tokens for c in self.choices), total, cached)
 
-    def choice_usage(self, index: int) -> dict[str, Any]:
+    def choice_usage(self, index: int, completion_tokens: int | None = None) -> dict[str, Any]:
+        """One choice's usage, with the tokens it has received so far unless ``completion_tokens`` is given."""
         prompt = self.jobs[index].prompt["prompt_token_ids"]
-        return usage(len(prompt), self.choices[index].num_tokens, None)
+        tokens = self.choices[index].num_tokens if completion_tokens is None else completion_tokens
+        return usage(len(prompt), tokens, None)
 
 
 async def _disconnected(request: Request) -> None:
@@ -236,26 +238,46 @@ class EventStream(StreamingResponse):
 
 
 async def _events(submission: Submission, fields: SamplingFields, chunk, opening: list[dict[str, Any]],
-                  head: dict[str, Any], logprobs) -> AsyncIterator[str]:
+                  head: dict[str, Any], logprobs, lead=None) -> AsyncIterator[str]:
     """The event stream of a submission: ``opening`` chunks, one chunk per output with text, tokens with
     logprobs or the finish (``chunk(index, text, finish_reason, logprobs)``; ``logprobs(choice, token_ids,
-    entries)`` builds the endpoint's shape), the usage chunk when asked, then ``[DONE]``."""
+    entries)`` builds the endpoint's shape), the usage chunk when asked, then ``[DONE]``.
+
+    ``lead(index)``: a choice's first chunk, or None until it can be built (an echoed prompt with its logprobs,
+    which its prompt's first choice scores); a choice's outputs wait behind its lead, in order."""
+    def render(index: int, item: StreamOutput, usage: dict[str, Any] | None) -> dict[str, Any]:
+        choice = submission.choices[index]
+        finish = item.finish_reason if item.finished else None
+        shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
+        data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
+        if finish is not None:  # vLLM's stop_reason: the stop string or stop token id that ended it
+            data["choices"][0]["stop_reason"] = item.stop_reason
+        if usage is not None:
+            data["usage"] = usage
+        return data
+
+    waiting = set(range(len(submission.jobs))) if lead is not None else set()
+    held: dict[int, list[tuple[StreamOutput, dict[str, Any] | None]]] = {}
     try:
         for data in opening:  # a chat's role chunks: with continuous usage, the prompt's and no completion
             yield _sse({**data, "usage": submission.choice_usage(data["choices"][0]["index"])}
                        if fields.continuous_usage else data)
         async for index, item in submission.updates():
-            choice = submission.choices[index]
-            finish = choice.finish_reason
-            if not item.text and finish is None and not (item.logprobs and item.token_ids):
+            for ready in sorted(waiting):
+                first = lead(ready)
+                if first is None:
+                    continue
+                waiting.discard(ready)
+                yield _sse({**first, "usage": submission.choice_usage(ready, 0)} if fields.continuous_usage else first)
+                for queued, usage in held.pop(ready, []):
+                    yield _sse(render(ready, queued, usage))
+            if not item.text and not item.finished and not (item.logprobs and item.token_ids):
                 continue
-            shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
-            data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
-            if finish is not None:  # vLLM's stop_reason: the stop string or stop token id that ended it
-                data["choices"][0]["stop_reason"] = choice.stop_reason
-            if fields.continuous_usage:
-                data["usage"] = submission.choice_usage(index)
-            yield _sse(data)
+            usage = submission.choice_usage(index) if fields.continuous_usage else None
+            if index in waiting:
+                held.setdefault(index, []).append((item, usage))
+                continue
+            yield _sse(render(index, item, usage))
         if fields.include_usage:
             yield _sse({**head, "choices": [], "usage": submission.usage()})
     except APIError as exc:
@@ -377,22 +399,33 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
+        def prompt_logprobs(index: int) -> dict[str, Any] | None:
+            """Choice ``index``'s echoed prompt in the completions shape (None until its prompt's first choice
+            scored it); the choice's text offsets go on from the prompt's end."""
+            first = submission.choices[index - index % prepared.request.n]
+            if first.prompt_logprobs is None:
+                return None
+            shaped, submission.choices[index].offset = prompt_completion_logprobs(
+                prepared.prompts[index // prepared.request.n][1], first.prompt_logprobs, num_top, llm.token_texts)
+            return shaped
+
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
-            lead = None
-            if echo is not None:  # a whole response (a stream does not take echo with logprobs): the prompt leads
-                index = submission.choices.index(choice)
-                first = submission.choices[index - index % prepared.request.n]
-                lead, choice.offset = prompt_completion_logprobs(prepared.prompts[index // prepared.request.n][1],
-                                                                 first.prompt_logprobs, num_top, llm.token_texts)
+            lead = prompt_logprobs(submission.choices.index(choice)) if whole and echo is not None else None
             shaped, choice.offset = completion_logprobs(token_ids, entries, num_top, llm.token_texts, choice.offset)
             return shaped if lead is None else {key: lead[key] + shaped[key] for key in shaped}
 
+        def lead(index: int) -> dict[str, Any] | None:
+            """A streamed choice's echo: the prompt's text with its logprobs, once they are scored."""
+            shaped = prompt_logprobs(index)
+            return None if shaped is None else {**head, "choices": [chunk(index, echo[index // n], None, shaped)]}
+
         submission = Submission(state, prepared)
-        echo = prepared.echo_texts
-        opening = [] if echo is None or not prepared.request.stream else [
-            {**head, "choices": [chunk(i, echo[i // prepared.request.n], None, None)]}
-            for i in range(len(submission.jobs))]
-        return await _respond(request, submission, prepared.request, head, chunk, opening, logprobs, echo)
+        echo, n, whole = prepared.echo_texts, prepared.request.n, not prepared.request.stream
+        scored = echo is not None and num_top is not None  # an echo with logprobs waits for the prompt's
+        opening = [] if echo is None or whole or scored else [
+            {**head, "choices": [chunk(i, echo[i // n], None, None)]} for i in range(len(submission.jobs))]
+        return await _respond(request, submission, prepared.request, head, chunk, opening, logprobs, echo,
+                              lead if scored and not whole else None)
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
@@ -428,12 +461,12 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
 
 async def _respond(request: Request, submission: Submission, fields: SamplingFields, head: dict[str, Any], chunk,
-                   opening: list[dict[str, Any]], logprobs, echo: list[str] | None = None) -> Response:
-    """Start the submission and answer with an event stream or, once every choice finished, one body
-    (``echo``: each prompt's text, put before its choices' texts)."""
+                   opening: list[dict[str, Any]], logprobs, echo: list[str] | None = None, lead=None) -> Response:
+    """Start the submission and answer with an event stream (``opening``, ``lead``: as :func:`_events` takes them)
+    or, once every choice finished, one body (``echo``: each prompt's text, put before its choices' texts)."""
     submission.start()
     if fields.stream:
-        return EventStream(_events(submission, fields, chunk, opening, head, logprobs), submission)
+        return EventStream(_events(submission, fields, chunk, opening, head, logprobs, lead), submission)
     if not await _collect(request, submission):
         return Response(status_code=499)  # nobody is listening any more
     chat = head["object"] == "chat.completion.chunk"

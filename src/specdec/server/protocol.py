@@ -10,8 +10,8 @@ integer in 0 to :data:`~specdec.logprobs.MAX_LOGPROBS`, 20; ``false`` is null) a
 text before each choice's text; with ``logprobs``, the prompt's tokens lead the logprobs, the first with null
 values); chat takes ``logprobs`` (a boolean) and ``top_logprobs`` (null or ``0..20``; above 0 only with
 ``logprobs: true``). Both take vLLM's ``prompt_logprobs`` (``0..20``: each choice gets vLLM's
-``prompt_logprobs`` list). The prompt's logprobs come in whole responses only (a stream asking for them is a
-400).
+``prompt_logprobs`` list, in whole responses only, as in vLLM: a stream asking for them is a 400). A stream
+with ``echo`` and ``logprobs`` starts each choice with the prompt's text and its logprobs, once they are scored.
 Sampling values are checked by :class:`~specdec.sampling.SamplingParams` itself, so the server
 accepts exactly what the Python API accepts. Every problem is an :class:`APIError` carrying
 OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -240,10 +240,9 @@ class SamplingFields(_Strict):
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> SamplingFields:
-        if self.stream and self.num_prompt_logprobs() is not None:
-            field = "prompt_logprobs" if self.prompt_logprobs is not None else "echo"
-            raise APIError(400, f"{field} asks for the prompt's logprobs, which specdec serve returns in a whole "
-                                "response only: send stream false", param=field)
+        if self.stream and self.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs come in a whole response only, as in vLLM: send stream false",
+                           param="prompt_logprobs")
         return self
 
     def token_biases(self) -> dict[int, float] | None:
