@@ -86,7 +86,7 @@ def test_closed_stream_frees_its_slot(text_model_dirs, text_draft_dir, method):
     next(stream)
     assert len(llm.scheduler.running) == 1 and llm.engine.cache.lengths[0] > 0
     stream.close()
-    assert not llm.scheduler.has_work and llm._requests == {}
+    assert not llm.scheduler.has_work and llm._inflight.requests == {}
     assert llm.engine.cache.lengths == [0]
     drafter = llm.engine.drafter
     if method == "draft_model":
@@ -176,7 +176,7 @@ def test_a_failed_step_fails_every_request_and_frees_the_pool(text_model_dirs, t
             for _ in range(10):  # outputs filed before the failure come first
                 next(stream)
     monkeypatch.setattr(target, "forward", real_forward)
-    assert not llm.scheduler.has_work and llm._requests == {}
+    assert not llm.scheduler.has_work and llm._inflight.requests == {}
     assert llm.engine.cache.lengths == [0] * 3 and llm.engine.drafter.cache.lengths == [0] * 3
     outputs = llm.generate(TEXT_PROMPTS, PARAMS)
     assert [(o.outputs[0].text, o.outputs[0].token_ids) for o in outputs] == expected

@@ -235,7 +235,7 @@ def test_a_streamed_choice_waits_behind_its_lead():
     holds that output until its lead can be built, then sends the lead and the held outputs in order."""
     import asyncio
 
-    from specdec.llm import StreamOutput
+    from specdec.outputs import StreamOutput
     from specdec.server.app import Choice, _events
     from specdec.server.protocol import CompletionRequest
 

@@ -19,10 +19,8 @@ import itertools
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Sequence_
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +33,13 @@ from specdec.drafters import LoadOptions, SpeculativeConfig, create_drafter
 from specdec.engine import Engine, StepOutput
 from specdec.engine_metrics import Latencies, watch_engine
 from specdec.errors import SpecDecError
+from specdec.inflight import InFlight, Request
 from specdec.llm_args import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, VLLM_NEUTRAL, check_arguments
-from specdec.logprobs import Logprob, TokenLogprobs
 from specdec.metrics import BatchMetrics, RequestMetrics
 from specdec.metrics_reader import Metric, read_metrics
 from specdec.models.kv_budget import KVBudget, feature_bytes_per_token
 from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, resolve_device
-from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput, TokenLogprobDict
+from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput
 from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
 from specdec.sampling import SamplingParams
@@ -51,22 +49,6 @@ from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
 from specdec.text import TextTracker, TokenTexts
 from specdec.vllm_names import VLLMNames, check_neutral
-
-
-@dataclass(eq=False)
-class _Request:
-    """A submitted request as the API layer sees it: its sequence, text tracker and the
-    stream outputs filed for it but not yet taken by its caller."""
-
-    seq: Sequence
-    prompt: str | None
-    tracker: TextTracker
-    pending: deque[StreamOutput] = field(default_factory=deque)
-    done: bool = False
-    error: BaseException | None = None
-    arrival: float = 0.0  # time.perf_counter() when it arrived
-    last: float | None = None  # when its last output with tokens was filed
-    opened: bool = False  # an output was filed for it (the first carries the prompt's logprobs)
 
 
 class LLM(metaclass=VLLMNames):
@@ -188,7 +170,6 @@ class LLM(metaclass=VLLMNames):
         self._eos_ids = frozenset(eos_token_ids(self.tokenizer, self.target))
         self._seeds = random.Random(seed) if seed is not None else random.SystemRandom()
         self._ids = itertools.count()
-        self._requests: dict[str, _Request] = {}
         self._lock = threading.RLock()
         self._grammar_cache: GrammarCache | None = None  # built at the first constrained request
         self._grammar_lock = threading.Lock()  # not the model's: a server handler compiles while a step runs
@@ -196,7 +177,8 @@ class LLM(metaclass=VLLMNames):
         self._bad_word_ids = functools.lru_cache(maxsize=64)(
             functools.partial(bad_word_ids, self.tokenizer, vocab=self.target.vocab_size))
         self._registry: CollectorRegistry | None = None  # get_metrics' collectors, registered at its first call
-        self.latencies = Latencies()  # of the requests' outputs as they are filed (:meth:`_file`)
+        self.latencies = Latencies()  # of the requests' outputs as they are filed
+        self._inflight = InFlight(self.engine, self.scheduler, self.token_texts, self._eos_ids, self.latencies)
 
     @property
     def model_name(self) -> str:
@@ -276,7 +258,7 @@ class LLM(metaclass=VLLMNames):
 
     # ------------------------------------------------------------------ requests
     def _submit(self, text: str | None, prompt_ids: list[int], params: SamplingParams, streaming: bool,
-                arrival: float | None = None) -> _Request:
+                arrival: float | None = None) -> Request:
         with self._lock:
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
             stop_ids = set(params.stop_token_ids or ())
@@ -290,11 +272,11 @@ class LLM(metaclass=VLLMNames):
             )
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
             seq.bad_words = self._bad_word_ids(params.bad_words)
-            request = _Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
+            request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
                                                        include_stop=params.include_stop_str_in_output),
                                arrival=time.perf_counter() if arrival is None else arrival)
-            self._requests[seq.request_id] = request
+            self._inflight.add(request)
             self.scheduler.add(seq)
             self.engine.metrics.num_prompt_tokens += len(prompt_ids)
             return request
@@ -305,12 +287,9 @@ class LLM(metaclass=VLLMNames):
         if not isinstance(request_id, str):
             raise SpecDecError(f"request_id must be a string (a request's id), got {type(request_id).__name__}")
         with self._lock:
-            request = self._requests.pop(request_id, None)
-            self.scheduler.abort(request_id)
-            if request is not None:
-                request.done = True
+            self._inflight.abort(request_id)
 
-    def _next(self, request: _Request) -> StreamOutput:
+    def _next(self, request: Request) -> StreamOutput:
         """The request's next stream output, running steps (for every sequence) until it has one."""
         while True:
             with self._lock:
@@ -323,7 +302,7 @@ class LLM(metaclass=VLLMNames):
                 self.step()
 
     def submit(self, prompt: Prompt, sampling_params: SamplingParams | None = None,
-               arrival: float | None = None) -> _Request:
+               arrival: float | None = None) -> Request:
         """Queue one prompt for a serving loop that calls :meth:`step` itself; returns its handle.
 
         After each ``step`` the handle's ``pending`` deque holds the request's new
@@ -354,73 +333,9 @@ class LLM(metaclass=VLLMNames):
             try:
                 outputs = self.scheduler.step()
             except BaseException as exc:
-                self._fail_all(exc)
+                self._inflight.fail_all(exc)
                 raise
-            return [self._file(out) for out in outputs]
-
-    def _file(self, out: StepOutput) -> StepOutput:
-        """Turn a step output into its request's next stream output (text, stop strings); a row that ended with an
-        error fails its request (and no other). Returns the output as its request keeps it (cut where a stop string
-        ended the text: :meth:`Engine.trim`)."""
-        request = self._requests.get(out.request_id)
-        if request is None:
-            return out
-        if out.error is not None:
-            request.error, request.done = out.error, True
-            del self._requests[out.request_id]
-            return out
-        tracker = request.tracker
-        stop_token = out.finish_reason == "stop" and out.token_ids[-1] in request.seq.stop_ids
-        kept = tracker.add(out.token_ids, stop_token)
-        if kept < len(out.token_ids):
-            out = self.engine.trim(out, kept, request.seq.metrics)
-        finish_reason = "stop" if tracker.stopped else out.finish_reason
-        finished = finish_reason is not None
-        text = tracker.delta(final=finished) if tracker.streaming else ""
-        logprobs = None if out.logprobs is None else self._logprob_dicts(out.token_ids, out.logprobs)
-        params, last = request.seq.params, out.token_ids[-1] if out.token_ids else None
-        stop_reason = tracker.stop_reason if tracker.stopped else (  # vLLM's: end-of-sequence is checked first
-            last if out.finish_reason == "stop" and last in params.stop_token_ids
-            and (params.ignore_eos or last not in self._eos_ids) else None)
-        opening, request.opened = not request.opened and params.prompt_logprobs is not None, True
-        request.pending.append(StreamOutput(out.token_ids, text, finished, finish_reason, request.seq.metrics,
-                                            logprobs, stop_reason, self._prompt_logprobs(request.seq) if opening
-                                            else None))
-        now = time.perf_counter()
-        if out.token_ids:
-            first = request.last is None
-            self.latencies.record_tokens(first, now - (request.arrival if first else request.last),
-                                         len(out.token_ids))
-            request.last = now
-        if finished:
-            self.latencies.e2e.observe(now - request.arrival)
-            request.done = True
-            del self._requests[out.request_id]
-            if not out.finish_reason:  # a stop string ended it before the engine did
-                self.scheduler.abort(out.request_id)
-        return out
-
-    def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprobDict | None]:
-        """vLLM's ``prompt_logprobs`` of a sequence whose prompt was fed: None for its first token."""
-        return [None, *self._logprob_dicts(seq.prompt_ids[1:], seq.prompt_logprobs)]
-
-    def _logprob_dicts(self, token_ids: list[int], values: list[TokenLogprobs]) -> list[TokenLogprobDict]:
-        """vLLM's form of the engine's logprobs of ``token_ids`` (one :data:`TokenLogprobDict` per token)."""
-        text = self.token_texts.text
-        dicts = []
-        for token, value in zip(token_ids, values):
-            entry = {token: Logprob(value.logprob, value.rank, text(token))}
-            for rank, (top, logprob) in enumerate(zip(value.top_ids, value.top_logprobs), start=1):
-                entry.setdefault(top, Logprob(logprob, rank, text(top)))
-            dicts.append(entry)
-        return dicts
-
-    def _fail_all(self, exc: BaseException) -> None:
-        """A step failed: every request in flight fails with the same error; the pool is freed."""
-        for request_id, request in list(self._requests.items()):
-            request.error = exc
-            self.scheduler.abort(request_id)
-        self._requests.clear()
+            return [self._inflight.file(out) for out in outputs]
 
     # ------------------------------------------------------------------ generation
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamOutput]:
@@ -479,11 +394,11 @@ class LLM(metaclass=VLLMNames):
                 if not request.done:
                     self.abort(request.seq.request_id)
 
-    def _request_output(self, group: list[_Request], progress: Callable[[], None]) -> RequestOutput:
+    def _request_output(self, group: list[Request], progress: Callable[[], None]) -> RequestOutput:
         """The :class:`RequestOutput` of one prompt's requests (its ``n`` choices), running steps until each
         finished; ``progress`` is called after every step."""
 
-        def stream(request: _Request) -> Iterator[StreamOutput]:
+        def stream(request: Request) -> Iterator[StreamOutput]:
             while True:
                 out = self._next(request)
                 progress()
@@ -493,9 +408,8 @@ class LLM(metaclass=VLLMNames):
                        for i, r in enumerate(group)]
         first = group[0].seq
         metrics = first.metrics if len(group) == 1 else RequestMetrics.of_choices([r.seq.metrics for r in group])
-        scores = None if first.params.prompt_logprobs is None else self._prompt_logprobs(first)
+        scores = None if first.params.prompt_logprobs is None else self._inflight.prompt_logprobs(first)
         return RequestOutput(first.request_id, group[0].prompt, first.prompt_ids, completions, True, metrics, scores)
-
 
     def chat(
         self,

@@ -32,8 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.errors import SpecDecError
-from specdec.llm import LLM, StreamOutput, TokenLogprobDict
+from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
+from specdec.outputs import StreamOutput, TokenLogprobDict
 from specdec.server.logprobs import (
     chat_logprobs,
     completion_logprobs,

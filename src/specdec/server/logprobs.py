@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.llm import TokenLogprobDict
 from specdec.logprobs import Logprob
+from specdec.outputs import TokenLogprobDict
 from specdec.text import TokenTexts
 
 
