@@ -49,8 +49,9 @@ SNIPPETS = _snippets()
 
 
 def _commands(code: str) -> list[str]:
-    """Logical lines of a shell block (backslash continuations joined), comments and blank lines dropped."""
-    joined = re.sub(r"\\\n\s*", " ", code)
+    """Logical lines of a shell block (backslash continuations joined as the shell joins them: the backslash and the
+    line break go, the next line's indentation stays), comments and blank lines dropped."""
+    joined = re.sub(r"\\\n", "", code)
     return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 

@@ -157,7 +157,8 @@ OPTIONAL = ["model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "
 @pytest.mark.parametrize("route, own", [(COMPLETIONS, ["max_tokens", "echo"]),
                                         (CHAT, ["max_tokens", "max_completion_tokens", "top_logprobs",
                                                 "add_generation_prompt", "continue_final_message",
-                                                "chat_template_kwargs"])])
+                                                "chat_template_kwargs", "tools", "tool_choice",
+                                                "parallel_tool_calls"])])
 def test_null_is_the_default_of_every_optional_field(served, route, own):
     """The ``openai`` client sends ``null`` for an argument passed as ``None``: it means the field's default, as in
     OpenAI's API (it was a 400)."""
@@ -183,7 +184,7 @@ def test_chat_defaults_max_tokens_to_what_the_context_leaves(served):
 
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
-        "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "repetition_penalty",
+        "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "tool_choice", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
         "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
@@ -194,8 +195,9 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
                                                        st.dictionaries(st.sampled_from(["role", "content", "type",
                                                                                         "text", "a"]), inner,
                                                                        max_size=3)), max_leaves=8)
-MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", 3]),
-                                           "content": st.one_of(st.text(max_size=8), VALUES)}), max_size=3)
+MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", "tool", "assistant", 3]),
+                                           "content": st.one_of(st.text(max_size=8), VALUES)},
+                                          optional={"tool_calls": VALUES, "tool_call_id": VALUES}), max_size=3)
 BODIES = st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6)
 
 

@@ -422,22 +422,21 @@ class LLM(metaclass=VLLMNames):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
-        tools: None = None,
+        tools: list[dict[str, Any]] | None = None,
         mm_processor_kwargs: None = None,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: :meth:`generate` for one conversation (a list of ``{"role", "content"}``
         messages) or a list of them, each rendered by ``chat_template`` (None: the tokenizer's own) with the
         assistant's turn opened (``add_generation_prompt``), or its last message continued
         (``continue_final_message``); ``chat_template_kwargs``: more template variables. A message's content
-        reaches the template as a string (``chat_template_content_format`` ``"auto"`` or ``"string"``). ``tools``
-        and ``mm_processor_kwargs`` (vLLM's): only None, specdec does no tool calling and takes text alone. See
-        :mod:`specdec.chat`."""
-        if tools is not None:
-            raise SpecDecError("tools is not supported by specdec: it does no tool calling (only None)")
+        reaches the template as a string (``chat_template_content_format`` ``"auto"`` or ``"string"``). ``tools``:
+        OpenAI's function tools, offered to the model by the template (as vLLM's ``LLM.chat``, the output is text:
+        the server parses calls, :mod:`specdec.tools`). ``mm_processor_kwargs`` (vLLM's): only None, specdec takes
+        text alone. See :mod:`specdec.chat`."""
         check_neutral("chat_template_content_format", chat_template_content_format, ("auto", "string"))
         check_neutral("mm_processor_kwargs", mm_processor_kwargs, (None,))
         prompts = chat_prompts(self.tokenizer, self.model_name, messages, chat_template, add_generation_prompt,
-                               continue_final_message, chat_template_kwargs)
+                               continue_final_message, chat_template_kwargs, tools)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 

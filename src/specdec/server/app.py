@@ -44,8 +44,10 @@ from specdec.server.logprobs import (
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, SamplingFields, error_body, new_id, now, usage
+from specdec.server.tool_calls import ToolOutput
 from specdec.server.worker import EngineWorker, Job, ShuttingDown
 from specdec.structured.state import GrammarEngineError
+from specdec.tools import PARSERS, tool_parser
 
 DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -246,16 +248,20 @@ async def _events(submission: Submission, fields: SamplingFields, chunk, opening
 
     ``lead(index)``: a choice's first chunk, or None until it can be built (an echoed prompt with its logprobs,
     which its prompt's first choice scores); a choice's outputs wait behind its lead, in order."""
-    def render(index: int, item: StreamOutput, usage: dict[str, Any] | None) -> dict[str, Any]:
+    def render(index: int, item: StreamOutput, usage: dict[str, Any] | None) -> str | None:
+        """The event of an output, or None where its chunk carries nothing (text a tool call holds back)."""
         choice = submission.choices[index]
         finish = item.finish_reason if item.finished else None
         shaped = logprobs(choice, item.token_ids, item.logprobs) if item.logprobs and item.token_ids else None
-        data = {**head, "choices": [chunk(index, item.text, finish, shaped)]}
+        piece = chunk(index, item.text, finish, shaped)
+        if not any(value for key, value in piece.items() if key != "index"):
+            return None
+        data = {**head, "choices": [piece]}
         if finish is not None:  # vLLM's stop_reason: the stop string or stop token id that ended it
             data["choices"][0]["stop_reason"] = item.stop_reason
         if usage is not None:
             data["usage"] = usage
-        return data
+        return _sse(data)
 
     waiting = set(range(len(submission.jobs))) if lead is not None else set()
     held: dict[int, list[tuple[StreamOutput, dict[str, Any] | None]]] = {}
@@ -271,14 +277,16 @@ async def _events(submission: Submission, fields: SamplingFields, chunk, opening
                 waiting.discard(ready)
                 yield _sse({**first, "usage": submission.choice_usage(ready, 0)} if fields.continuous_usage else first)
                 for queued, usage in held.pop(ready, []):
-                    yield _sse(render(ready, queued, usage))
+                    if (event := render(ready, queued, usage)) is not None:
+                        yield event
             if not item.text and not item.finished and not (item.logprobs and item.token_ids):
                 continue
             usage = submission.choice_usage(index) if fields.continuous_usage else None
             if index in waiting:
                 held.setdefault(index, []).append((item, usage))
                 continue
-            yield _sse(render(index, item, usage))
+            if (event := render(index, item, usage)) is not None:
+                yield event
         if fields.include_usage:
             yield _sse({**head, "choices": [], "usage": submission.usage()})
     except APIError as exc:
@@ -332,7 +340,8 @@ class BodyLimit:
 
 def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
                chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None,
+               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
     """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
 
     ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
@@ -340,8 +349,14 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     Jinja template used instead of the tokenizer's. ``max_queue_len``: sequences that may wait for a
     slot beyond the ``max_num_seqs`` running ones (more get 429). ``max_body_bytes``: request size limit.
     ``max_prompt_bytes``: text prompt limit (default 32 bytes per token of ``max_model_len``; see
-    :mod:`specdec.server.prepare` for every limit).
+    :mod:`specdec.server.prepare` for every limit). ``enable_auto_tool_choice``: serve chat's ``tool_choice``
+    ``"auto"``, whose calls ``tool_call_parser`` (a name of :data:`specdec.tools.PARSERS`) reads out of the text
+    (vLLM's two flags; :mod:`specdec.server.tool_calls`).
     """
+    parser = None if tool_call_parser is None else tool_parser(tool_call_parser)
+    if enable_auto_tool_choice and parser is None:
+        raise SpecDecError(f"enable_auto_tool_choice needs a tool-call parser to read the calls: give "
+                           f"tool_call_parser ({', '.join(sorted(PARSERS))})")
     if llm is None:
         llm = default_llm()
     if not isinstance(max_queue_len, int) or max_queue_len < 0:
@@ -354,7 +369,8 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
     metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler, llm.latencies)
-    preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes)
+    preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes,
+                        enable_auto_tool_choice)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)
 
@@ -425,26 +441,34 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         scored = echo is not None and num_top is not None  # an echo with logprobs waits for the prompt's
         opening = [] if echo is None or whole or scored else [
             {**head, "choices": [chunk(i, echo[i // n], None, None)]} for i in range(len(submission.jobs))]
-        return await _respond(request, submission, prepared.request, head, chunk, opening, logprobs, echo,
+        def body(index: int, text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text if echo is None else echo[index // n] + text, "finish_reason": finish}
+
+        return await _respond(request, submission, prepared.request, head, chunk, opening, logprobs, body,
                               lead if scored and not whole else None)
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
         prepared = await prepare(request, preparer.chat)
         head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": name}
-        num_top = prepared.request.top_logprobs or 0
+        req = prepared.request
+        num_top = req.top_logprobs or 0
+        outputs = [ToolOutput(req.tool_choice_name(), parser, req.parallel_tool_calls) for _ in range(req.n)]
 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-            delta = {"content": text} if text else {}
+            delta, finish = outputs[index].delta(text, finish)
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
             return chat_logprobs(token_ids, entries, num_top, llm.token_texts)
 
+        def body(index: int, text: str, finish: str | None) -> dict[str, Any]:
+            return outputs[index].message(text, finish)
+
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
-                   for i in range(prepared.request.n)]
-        return await _respond(request, Submission(state, prepared), prepared.request, head, chunk, opening, logprobs)
+                   for i in range(req.n)]
+        return await _respond(request, Submission(state, prepared), req, head, chunk, opening, logprobs, body)
 
     app.include_router(v1)
 
@@ -462,29 +486,25 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
 
 async def _respond(request: Request, submission: Submission, fields: SamplingFields, head: dict[str, Any], chunk,
-                   opening: list[dict[str, Any]], logprobs, echo: list[str] | None = None, lead=None) -> Response:
+                   opening: list[dict[str, Any]], logprobs, body, lead=None) -> Response:
     """Start the submission and answer with an event stream (``opening``, ``lead``: as :func:`_events` takes them)
-    or, once every choice finished, one body (``echo``: each prompt's text, put before its choices' texts)."""
+    or, once every choice finished, one body (``body(index, text, finish_reason)``: a choice's endpoint fields, its
+    text or message and its finish reason)."""
     submission.start()
     if fields.stream:
         return EventStream(_events(submission, fields, chunk, opening, head, logprobs, lead), submission)
     if not await _collect(request, submission):
         return Response(status_code=499)  # nobody is listening any more
-    chat = head["object"] == "chat.completion.chunk"
     choices = []
     wants_logprobs = fields.num_logprobs() is not None
     for index, choice in enumerate(submission.choices):
-        text = "".join(choice.pieces)
-        if echo is not None:
-            text = echo[index // fields.n] + text
-        body = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         shaped = logprobs(choice, choice.token_ids, choice.logprobs) if wants_logprobs else None
-        choices.append({"index": index, **body, "logprobs": shaped, "finish_reason": choice.finish_reason,
-                        "stop_reason": choice.stop_reason})
+        choices.append({"index": index, **body(index, "".join(choice.pieces), choice.finish_reason),
+                        "logprobs": shaped, "stop_reason": choice.stop_reason})
         if fields.prompt_logprobs is not None:  # vLLM's, from the prompt's first choice
             choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(
                 submission.choices[index - index % fields.n].prompt_logprobs)
-    obj = "chat.completion" if chat else "text_completion"
+    obj = "chat.completion" if head["object"] == "chat.completion.chunk" else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
 
 

@@ -30,6 +30,7 @@ from specdec.generate_cli import (
     kv_kwargs,
     speculative_config_json,
 )
+from specdec.tools import PARSERS
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
 SHUTDOWN_BACKSTOP = 5.0
@@ -79,6 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY; unset or empty: "
                    "no auth)")
     p.add_argument("--chat-template", type=Path, help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve chat's tool_choice 'auto' (the default with tools), the calls read out of the text by "
+                   "--tool-call-parser; 'none', 'required' and a named function need neither flag")
+    p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
+                   help="how the model writes its tool calls: hermes (<tool_call>{...}</tool_call>: Qwen 2.5 and 3, "
+                   "Hermes 2 and 3)")
     p.add_argument("--graceful-timeout", type=number(float, 0), default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -141,6 +148,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from specdec.server.app import create_app
 
     api_key = resolved_api_key(args.api_key, os.environ)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise SpecDecError("--enable-auto-tool-choice needs --tool-call-parser to read the calls "
+                           f"({', '.join(sorted(PARSERS))})")
     template = None if args.chat_template is None else read_chat_template(args.chat_template)
     # here, not in each replica's LLM: a bad share is one line before anything loads
     device = _replica_device(args) if args.replicas is not None else resolve_device(args.device)
@@ -162,20 +172,21 @@ def run_serve(args: argparse.Namespace) -> int:
                       deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share,
                       **kv_kwargs(args))
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
+    tools = dict(enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
     if settings is not None:  # Ray Serve's proxy binds the port itself: only checked here
         for sock in sockets:
             sock.close()
         app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
-                          max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
+                          max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes, **tools)
         return _run_replicas(args, settings, llm_kwargs, app_kwargs, f"{name!r} (target {model}; {what})", api_key)
     try:
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
         llm = LLM(**llm_kwargs)
         app = create_app(llm, served_model_name=name, api_key=api_key or "", chat_template=template,
-                         max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes)
+                         max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes, **tools)
         listen(sockets, args.host, args.port)
     except BaseException:
         for sock in sockets:

@@ -14,7 +14,8 @@ Limits (each refusal is a 400 that states its limit):
   +`` :data:`JSON_VALUES_SLACK` values (counted as commas, before parsing: the token ids of the
   largest request, and room for the other fields);
 - the sequences of one request (prompts × ``n``): at most ``max_num_seqs + max_queue_len``;
-- a text prompt (or a chat's message texts together): at most ``max_prompt_bytes`` UTF-8 bytes,
+- a text prompt (or a chat's message texts, earlier calls' arguments and the tools' JSON together): at most
+  ``max_prompt_bytes`` UTF-8 bytes,
   :data:`PROMPT_BYTES_PER_TOKEN` per token of ``max_model_len`` unless set; a token-id prompt:
   fewer than ``max_model_len`` ids;
 - prompt + ``max_tokens`` at most ``max_model_len`` (as vLLM; a chat's default ``max_tokens`` is
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.chat import chat_prompt, has_template, render
+from specdec.chat import chat_prompt, conversation_of, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.server.protocol import APIError, ChatRequest, CompletionRequest, SamplingFields, parse
@@ -113,11 +114,13 @@ def _check_text(text: str, path: str, what: str) -> None:
 class Preparer:
     """Prepares requests for ``llm`` in one thread of its own (the tokenizer is used from it and from
     the engine thread only). ``max_sequences``: the most sequences one request may have;
-    ``max_prompt_bytes``: the text prompt limit (None: :data:`PROMPT_BYTES_PER_TOKEN` per token)."""
+    ``max_prompt_bytes``: the text prompt limit (None: :data:`PROMPT_BYTES_PER_TOKEN` per token); ``auto_tools``:
+    whether ``tool_choice`` ``"auto"`` is served (``--enable-auto-tool-choice``)."""
 
     def __init__(self, llm: LLM, served_model_name: str, chat_template: str | None, max_sequences: int,
-                 max_prompt_bytes: int | None = None) -> None:
+                 max_prompt_bytes: int | None = None, auto_tools: bool = False) -> None:
         self.llm, self.served_model_name, self.chat_template = llm, served_model_name, chat_template
+        self.auto_tools = auto_tools  # tool_choice "auto" is served (a tool-call parser reads the calls)
         self.max_sequences = max_sequences
         self.max_prompt_bytes = max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * llm.max_model_len
         self.max_values = max_sequences * llm.max_model_len + JSON_VALUES_SLACK
@@ -151,8 +154,19 @@ class Preparer:
         req: ChatRequest = parse(ChatRequest, read_json(body, self.max_values))
         self._check_model(req.model)
         self._check_count(1, req.n)
-        conversation = req.conversation()
-        self._check_bytes(sum(len(m["content"].encode("utf-8")) for m in conversation), "messages")
+        try:
+            conversation = conversation_of(req.conversation())
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        tools = req.checked_tools()
+        if req.tool_choice_name() == "auto" and not self.auto_tools:
+            raise APIError(400, "tool_choice 'auto' (the default with tools) needs a server started with "
+                                "--enable-auto-tool-choice --tool-call-parser NAME; or send tool_choice 'none', "
+                                "'required' or a function", param="tool_choice")
+        size = sum(len(m["content"].encode("utf-8")) for m in conversation) + sum(
+            len(json.dumps(x).encode("utf-8")) for x in [*(tools or ()), *(m.get("tool_calls") for m in conversation)]
+            if x)
+        self._check_bytes(size, "messages")
         prompt = self._encoded(chat_prompt(self.llm.tokenizer, self._render(req, conversation)), "messages")
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
@@ -205,12 +219,12 @@ class Preparer:
                                 f"maximum length is {limit} tokens: at most {limit - longest} can be generated",
                            param=param)
 
-    def _render(self, req: ChatRequest, conversation: list[dict[str, str]]) -> str:
+    def _render(self, req: ChatRequest, conversation: list[dict[str, Any]]) -> str:
         if not has_template(self.llm.tokenizer, self.chat_template):
             raise APIError(400, NO_TEMPLATE.format(name=self.served_model_name), param="messages")
         try:
             return render(self.llm.tokenizer, conversation, self.chat_template, req.add_generation_prompt,
-                          req.continue_final_message, req.chat_template_kwargs)
+                          req.continue_final_message, req.chat_template_kwargs, req.checked_tools())
         except SpecDecError as exc:  # bad rendering arguments, a template's own raise_exception(), a template bug
             text = str(exc)
             param = next((name for name in ("continue_final_message", "chat_template_kwargs")

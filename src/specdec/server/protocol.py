@@ -1,7 +1,7 @@
 """The OpenAI wire format: request models with their validation, error bodies, response pieces.
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
-not a number), and an OpenAI field this server does not implement (tools, ``best_of``, ...) is refused by
+not a number), and an OpenAI field this server does not implement (``functions``, ``best_of``, ...) is refused by
 name unless it has its neutral value (:data:`UNSUPPORTED`). ``null`` for an optional field
 is its default, as in OpenAI's API.
 
@@ -41,6 +41,8 @@ from specdec.metrics import RequestMetrics
 from specdec.sampling import MAX_SEED, SamplingParams
 from specdec.structured import StructuredOutputsParams
 from specdec.structured.params import KINDS as STRUCTURED_KINDS
+from specdec.tools import check_tool_choice, check_tools
+from specdec.tools import schema as tool_schema
 
 USAGE_EXTENSION = "specdec"
 """The key under ``usage`` that carries the speculative metrics of a response: ``num_steps``,
@@ -49,8 +51,7 @@ USAGE_EXTENSION = "specdec"
 
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",), "best_of": (1,),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False), "store": (False,), "service_tier": ("auto", "default"),
+    "functions": ([],), "function_call": ("none",), "store": (False,), "service_tier": ("auto", "default"),
     "modalities": (["text"],), "skip_special_tokens": (True,),
 }
 """OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
@@ -342,7 +343,8 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     echo: bool = False
 
-    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"top_logprobs": (0,)}
+    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False)}
 
     @field_validator("logprobs", mode="before")
     @classmethod
@@ -393,15 +395,35 @@ class ContentPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart]
-    name: str | None = None
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+
+class ToolCallMessage(_Strict):
+    """One of an assistant message's ``tool_calls``: a call the model made earlier in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """A message; an assistant's may carry ``tool_calls`` (its content then may be null), a ``tool`` message the
+    ``tool_call_id`` whose result it is. ``refusal`` (what OpenAI's client echoes back) is accepted as null."""
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+    refusal: None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is missing (only an assistant message with tool_calls may leave it out)")
+        return self
 
 
 class ChatRequest(SamplingFields):
@@ -416,6 +438,9 @@ class ChatRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,)}
 
@@ -434,10 +459,41 @@ class ChatRequest(SamplingFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def conversation(self) -> list[dict[str, str]]:
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as :func:`specdec.chat.conversation_of` takes them."""
         if not self.messages:
             raise APIError(400, "messages is an empty list", param="messages")
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def checked_tools(self) -> list[dict[str, Any]] | None:
+        """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
+        try:
+            return check_tools(self.tools)
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="tools") from None
+
+    def tool_choice_name(self) -> str:
+        """:func:`specdec.tools.check_tool_choice` of ``tool_choice``, or a 400."""
+        try:
+            return check_tool_choice(self.tool_choice, self.checked_tools())
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="tool_choice") from None
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """A ``tool_choice`` of ``"required"`` or a function constrains the output to calls
+        (:func:`specdec.tools.schema`), and then the request takes no other constraint; a ``structured_outputs``
+        holding options alone (``disable_any_whitespace``) applies them, as vLLM merges them."""
+        forced = tool_schema(self.tool_choice_name(), self.checked_tools(), self.parallel_tool_calls)
+        if forced is None:
+            return super().constraint()
+        given = self.constraint_fields()
+        if given:
+            raise APIError(400, f"tool_choice {self.tool_choice_name()!r} constrains the output to tool calls, so "
+                                f"the request cannot also set {given[0]}", param="tool_choice")
+        try:
+            return StructuredOutputsParams.from_dict({**(self.structured_outputs or {}), "json": forced})
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="structured_outputs" if self.structured_outputs else "tools") from None
 
 
 def new_id(prefix: str) -> str:

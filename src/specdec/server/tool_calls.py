@@ -1,0 +1,86 @@
+"""A chat choice's output as OpenAI's message: its text, or the tool calls it makes (:mod:`specdec.tools`).
+
+By the request's tool choice:
+
+- ``"none"`` (or no tools): the text is the content.
+- ``"auto"``: the server's tool-call parser reads the calls; the text before the first is the content. Streamed,
+  text is sent as content until it may begin a call; from there it is held, and at the end the calls go out in one
+  delta (or the held text as content, where it held no well-formed call).
+- ``"required"``: the constrained output, a JSON list of calls, becomes the calls. Streamed, they go out at the end.
+- a function: the constrained output is its arguments. Streamed, the arguments go out as they come, the first
+  delta with the call's id and name.
+
+A message with calls has ``content`` null unless text came before them, and ``finish_reason`` ``"tool_calls"``,
+but for a forced function, whose finish reason stays the engine's (as OpenAI's API answers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.tools import CHOICES, HermesParser, ToolCall, required_calls
+
+
+class ToolOutput:
+    """One choice's output under ``choice`` (:func:`specdec.tools.check_tool_choice`'s), read by ``parser`` where
+    the choice is ``"auto"``; ``parallel``: more than one call may be kept. :meth:`message` shapes a whole
+    response's message, :meth:`delta` a stream's deltas (one instance per streamed choice: it keeps what it has
+    seen)."""
+
+    def __init__(self, choice: str, parser: HermesParser | None, parallel: bool) -> None:
+        self.choice, self.parser, self.parallel = choice, parser, parallel
+        self.forced = choice not in CHOICES  # a function's name
+        self.text = ""  # streamed so far
+        self.sent = 0  # characters of it sent as content
+        self.call: ToolCall | None = None  # a forced function's call, once its first delta is sent
+
+    def calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(content, calls)`` of a whole output (calls empty where it made none)."""
+        if self.forced:
+            return None, [ToolCall(self.choice, text)]
+        if self.choice == "required":
+            calls = required_calls(text)
+            return (text, []) if calls is None else (None, calls)
+        if self.choice == "auto" and self.parser is not None:
+            content, calls = self.parser.parse(text)
+            return content, calls if self.parallel else calls[:1]
+        return text, []
+
+    def finish(self, calls: list[ToolCall], finish_reason: str | None) -> str | None:
+        return "tool_calls" if calls and not self.forced and finish_reason is not None else finish_reason
+
+    def message(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """A whole response's ``message`` and ``finish_reason``."""
+        content, calls = self.calls(text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.openai() for call in calls]
+        return {"message": message, "finish_reason": self.finish(calls, finish_reason)}
+
+    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The delta to stream for a new piece of ``text`` (``finish_reason``: None until the last piece), and the
+        finish reason to send with it."""
+        self.text += text
+        if self.forced:
+            if not text and (self.call is not None or finish_reason is None):
+                return {}, finish_reason
+            if self.call is None:
+                self.call = ToolCall(self.choice, text)
+                return {"tool_calls": [self.call.openai(0)]}, finish_reason
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
+        if self.choice == "none" or self.choice == "auto" and self.parser is None:
+            return ({"content": text} if text else {}), finish_reason
+        if finish_reason is None:
+            end = self.parser.content_end(self.text) if self.choice == "auto" else 0
+            return self._content(end), None
+        content, calls = self.calls(self.text)
+        if not calls:
+            return self._content(len(self.text)), finish_reason
+        delta = self._content(len(content or "")) if content else {}
+        delta["tool_calls"] = [call.openai(i) for i, call in enumerate(calls)]
+        return delta, self.finish(calls, finish_reason)
+
+    def _content(self, end: int) -> dict[str, Any]:
+        """The content from what was sent up to ``end``, as a delta."""
+        piece, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return {"content": piece} if piece else {}

@@ -1,0 +1,220 @@
+"""Tool calling: OpenAI's ``tools`` and ``tool_choice``, in the prompt and in the output.
+
+The prompt: the tools (``[{"type": "function", "function": {"name", "description", "parameters"}}]``) are
+rendered by the chat template (transformers' ``apply_chat_template(tools=...)``), with the conversation's
+earlier calls (an assistant message's ``tool_calls``) and their results (``tool`` messages).
+
+The output, by ``tool_choice`` (:func:`check_tool_choice`):
+
+- ``"none"``: text; the model still sees the tools.
+- ``"auto"`` (the default with tools): the model chooses; a tool-call parser (:data:`PARSERS`, the server's
+  ``--tool-call-parser``) reads its calls out of the text, and the text before the first call stays the content.
+- ``"required"``: the output is constrained (:func:`schema`) to a JSON list of one or more calls
+  ``[{"name": N, "parameters": {...}}]``, each an instance of its tool's schema (vLLM's form).
+- ``{"type": "function", "function": {"name": N}}``: the output is constrained to N's parameters schema, and
+  it is N's arguments.
+
+Constraints are exact under speculation (:mod:`specdec.structured`), so are the calls. A call's ``arguments`` are
+JSON text, as in OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.errors import SpecDecError
+
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A function's name, as OpenAI's API allows it (vLLM also allows dots)."""
+
+CHOICES = ("none", "auto", "required")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_tools(tools: Any, where: str = "tools") -> list[dict[str, Any]] | None:
+    """``tools`` (None or a list of ``{"type": "function", "function": {"name", "description"?, "parameters"?,
+    "strict"?}}``) checked, for the chat template: names valid and distinct, parameters a JSON schema object.
+    An empty list is no tools (None). A bad one is a :class:`SpecDecError` naming it (``where[i]``)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)):
+        raise SpecDecError(f"{where} must be a list of tools, got {_short(tools)}")
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        here = f"{where}[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise SpecDecError(f"{here} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
+                               f"got {_short(tool)}")
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise SpecDecError(f"{here}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', got "
+                               f"{_short(name)}")
+        if name in names:
+            raise SpecDecError(f"{here}.function.name {name!r} is given twice: tools must have distinct names")
+        names.add(name)
+        if not isinstance(function.get("description", ""), (str, type(None))):
+            raise SpecDecError(f"{here}.function.description must be a string")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise SpecDecError(f"{here}.function.parameters must be a JSON schema (an object), got "
+                               f"{_short(parameters)}")
+    return list(tools) or None
+
+
+def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str:
+    """The tool choice as one string: ``"none"``, ``"auto"``, ``"required"`` or the name of the function it forces
+    (OpenAI's ``{"type": "function", "function": {"name": N}}``). Absent (None): ``"auto"`` with tools, else
+    ``"none"``, as in OpenAI's API. A bad one, or any but ``"none"`` without tools, is a :class:`SpecDecError`."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in CHOICES:
+            raise SpecDecError(f"tool_choice must be one of {', '.join(CHOICES)} or a function, got {choice!r:.80}")
+        name = choice
+    elif (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+          and isinstance(choice["function"].get("name"), str)):
+        name = choice["function"]["name"]
+        known = [t["function"]["name"] for t in tools or ()]
+        if name not in known:
+            raise SpecDecError(f"tool_choice names the function {name!r}, which is not in tools "
+                               f"({', '.join(map(repr, known)) or 'none given'})")
+        return name
+    else:
+        raise SpecDecError(f"tool_choice must be one of {', '.join(CHOICES)} or {{\"type\": \"function\", "
+                           f"\"function\": {{\"name\": ...}}}}, got {_short(choice)}")
+    if name != "none" and not tools:
+        raise SpecDecError(f"tool_choice is {name!r} but no tools are given")
+    return name
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or ANY_OBJECT
+
+
+def schema(choice: str, tools: list[dict[str, Any]] | None, parallel: bool = True) -> dict[str, Any] | None:
+    """The JSON schema ``choice`` (:func:`check_tool_choice`'s) constrains the output to: for ``"required"`` a
+    list of one or more ``{"name", "parameters"}`` calls (one alone unless ``parallel``), for a function its
+    parameters; else None (no constraint)."""
+    if choice in ("none", "auto"):
+        return None
+    if choice == "required":
+        calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                   "parameters": _parameters(t)},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in tools or ()]
+        return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": calls}}
+    return _parameters(next(t for t in tools or () if t["function"]["name"] == choice))
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the function's ``name`` and its ``arguments`` as JSON text."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", f"call_{uuid.uuid4().hex[:24]}")
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """OpenAI's shape (``index``: the call's place, in a streamed delta)."""
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+def required_calls(text: str) -> list[ToolCall] | None:
+    """The calls of a ``"required"`` output (a JSON list of ``{"name", "parameters"}``), or None where the text is
+    not one (an output cut at ``max_tokens``)."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not items or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i for i in items):
+        return None
+    return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
+
+
+class HermesParser:
+    """Hermes' and Qwen's calls (Qwen 2.5 and 3, NousResearch Hermes 2 and 3): each a JSON object
+    ``{"name": N, "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; the text before the first
+    call is the content."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(content, calls)`` of an output (content None where only blanks come before the calls); text whose
+        calls are not all well-formed is all content."""
+        start = text.find(self.OPEN)
+        if start < 0:
+            return text, []
+        calls = []
+        for block in text[start:].split(self.OPEN)[1:]:
+            body = block.split(self.CLOSE, 1)[0].strip()
+            try:
+                call = json.loads(body)
+            except ValueError:
+                return text, []
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            arguments = call.get("arguments", call.get("parameters", {}))
+            calls.append(ToolCall(call["name"], arguments if isinstance(arguments, str)
+                                  else json.dumps(arguments, ensure_ascii=False)))
+        content = text[:start]
+        return content if content.strip() else None, calls
+
+    def content_end(self, text: str) -> int:
+        """How much of a partial output is surely content: up to its first call, or short of an ending that may
+        begin one."""
+        start = text.find(self.OPEN)
+        if start >= 0:
+            return start
+        for keep in range(min(len(self.OPEN) - 1, len(text)), 0, -1):
+            if self.OPEN.startswith(text[-keep:]):
+                return len(text) - keep
+        return len(text)
+
+
+PARSERS = {"hermes": HermesParser}
+"""Tool-call parsers by name (the server's ``--tool-call-parser``)."""
+
+
+def tool_parser(name: str) -> HermesParser:
+    """The parser named ``name`` (:data:`PARSERS`), or a :class:`SpecDecError` listing them."""
+    if name not in PARSERS:
+        raise SpecDecError(f"unknown tool-call parser {name!r}: specdec has {', '.join(sorted(PARSERS))}")
+    return PARSERS[name]()
+
+
+def tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An OpenAI conversation's calls as chat templates read them: each assistant ``tool_calls`` entry's
+    ``function.arguments`` JSON text parsed into an object (what Hugging Face templates expect)."""
+    shaped = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": _arguments(c["function"]["arguments"])}}
+                for c in calls]}
+        shaped.append(message)
+    return shaped
+
+
+def _arguments(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

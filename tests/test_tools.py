@@ -1,0 +1,314 @@
+"""Tool calling (``specdec.tools``, ``specdec.server.tool_calls``): tools offered by the chat template, earlier calls
+and their results in the conversation, ``tool_choice`` none / auto (the hermes parser) / required / a function,
+whole and streamed, through the ``openai`` client's agent loop; a forced call under speculation equals plain
+decoding's; every bad tool, choice or message is a 400 naming its field (a :class:`SpecDecError` offline)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+from test_server import PLAIN, SPEC, Served, draft_dir, make_llm  # noqa: F401
+
+from specdec import SamplingParams, SpecDecError
+from specdec.server import create_app
+from specdec.server.tool_calls import ToolOutput
+from specdec.structured import StructuredOutputsParams
+from specdec.tools import HermesParser, ToolCall, check_tool_choice, check_tools, required_calls, schema
+
+TEMPLATE = ("{% if tools %}<tools> {{ tools | map(attribute='function') | map(attribute='name') | join(',') }}\n"
+            "{% endif %}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}"
+            "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments.city }}]{% endfor %}"
+            "{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{{ '\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant> {% endif %}")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"enum": ["Paris", "Oslo", "Lima"]}},
+                                                "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "weather?"}]
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}  # a random model's JSON would be all blanks
+HERMES = 'Sure\\. <tool_call>\\{"name":"get_time","arguments":\\{"zone":"UTC"\\}\\}</tool_call>'  # a regex
+
+
+@pytest.fixture(scope="module")
+def server(text_model_dirs, draft_dir):  # noqa: F811
+    served = Served(create_app(make_llm(text_model_dirs, draft_dir, SPEC), served_model_name="tiny", api_key="",
+                               chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="hermes"))
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(text_model_dirs, draft_dir):  # noqa: F811
+    return make_llm(text_model_dirs, draft_dir, PLAIN)
+
+
+def post(server, body: dict, root: str | None = None) -> httpx.Response:
+    return httpx.post(f"{root or server.root}/v1/chat/completions", json={"model": "tiny", **body}, timeout=60)
+
+
+def stream(server, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.root}/v1/chat/completions",
+                      json={"model": "tiny", "stream": True, **body}, timeout=60) as response:
+        assert response.status_code == 200
+        return [json.loads(line[6:]) for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def joined_calls(events: list[dict], index: int = 0) -> tuple[str, list[dict], str | None]:
+    """A streamed choice's content, its calls assembled from the deltas (as OpenAI's client does) and its finish."""
+    content, calls, finish = "", {}, None
+    for event in events:
+        for choice in event["choices"]:
+            if choice["index"] != index:
+                continue
+            content += choice["delta"].get("content") or ""
+            for delta in choice["delta"].get("tool_calls") or ():
+                call = calls.setdefault(delta["index"], {"id": None, "name": None, "arguments": ""})
+                call["id"] = delta.get("id") or call["id"]
+                call["name"] = delta.get("function", {}).get("name") or call["name"]
+                call["arguments"] += delta.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+# ---------------------------------------------------------------------------------------------- the pure parts
+def test_tools_and_choices_are_checked():
+    assert check_tools(None) is None and check_tools([]) is None and check_tools(TOOLS) == TOOLS
+    for tools, words in [({"a": 1}, "must be a list"), ([{"type": "function"}], r"tools\[0\] must be"),
+                         ([{"type": "code_interpreter", "function": {"name": "f"}}], r"tools\[0\] must be"),
+                         ([{"type": "function", "function": {"name": "a b"}}], "letters, digits"),
+                         ([{"type": "function", "function": {"name": "x" * 65}}], "1 to 64"),
+                         ([WEATHER, WEATHER], "given twice"),
+                         ([{"type": "function", "function": {"name": "f", "parameters": []}}], "JSON schema"),
+                         ([{"type": "function", "function": {"name": "f", "description": 3}}], "description")]:
+        with pytest.raises(SpecDecError, match=words):
+            check_tools(tools)
+    assert check_tool_choice(None, None) == "none" and check_tool_choice(None, TOOLS) == "auto"
+    assert check_tool_choice("required", TOOLS) == "required" and check_tool_choice(FORCED, TOOLS) == "get_weather"
+    for choice, tools, words in [("sometimes", TOOLS, "must be one of"), ("required", None, "no tools are given"),
+                                 ({"type": "function", "function": {"name": "nope"}}, TOOLS, "not in tools"),
+                                 ({"type": "function"}, TOOLS, "must be one of")]:
+        with pytest.raises(SpecDecError, match=words):
+            check_tool_choice(choice, tools)
+
+
+def test_schemas_of_the_choices():
+    assert schema("none", TOOLS) is None and schema("auto", TOOLS) is None
+    assert schema("get_time", TOOLS) == TIME["function"]["parameters"]
+    assert schema("f", [{"type": "function", "function": {"name": "f"}}]) == {"type": "object"}
+    calls = schema("required", TOOLS)
+    jsonschema.validate([{"name": "get_time", "parameters": {"zone": "UTC"}},
+                         {"name": "get_weather", "parameters": {"city": "Lima"}}], calls)
+    for wrong in ([], [{"name": "get_time", "parameters": {"city": "Lima"}}], [{"name": "other", "parameters": {}}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, calls)
+    single = schema("required", TOOLS, parallel=False)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "get_time", "parameters": {"zone": "UTC"}}] * 2, single)
+
+
+def test_the_hermes_parser():
+    parser = HermesParser()
+    text = ('Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+            '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>')
+    content, calls = parser.parse(text)
+    assert content == "Let me look. " and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "UTC"})]
+    assert parser.parse('<tool_call>{"name": "f", "arguments": {}}')[0] is None  # unclosed at the end: still a call
+    assert parser.parse("no calls")[1] == [] and parser.parse("<tool_call>{not json}</tool_call>") == (
+        "<tool_call>{not json}</tool_call>", [])
+    assert parser.parse('<tool_call>["f"]</tool_call>')[1] == []
+    assert [parser.content_end(t) for t in ("abc", "abc <tool", "abc <tool_call>{", "<", "a<b")] == [3, 4, 4, 0, 3]
+    assert required_calls('[{"name": "f", "parameters": {"a": 1}}]')[0].arguments == '{"a": 1}'
+    assert required_calls('[{"name": "f", "parameters"') is None and required_calls("[]") is None
+    assert ToolCall("f", "{}").id.startswith("call_") and ToolCall("f", "{}").id != ToolCall("f", "{}").id
+
+
+@pytest.mark.parametrize("choice, text", [
+    ("auto", 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'),
+    ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
+    ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),
+    ("get_weather", '{"city": "Lima"}')])
+def test_streamed_deltas_add_up_to_the_whole_message(choice, text):
+    """Fed in pieces of every size, a stream's content and calls equal the whole response's message."""
+    whole = ToolOutput(choice, HermesParser(), True).message(text, "stop")
+    for size in (1, 3, 100):
+        output = ToolOutput(choice, HermesParser(), True)
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        events = [{"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                  for delta, finish in (output.delta(p, "stop" if i == len(pieces) - 1 else None)
+                                        for i, p in enumerate(pieces))]
+        content, calls, finish = joined_calls(events)
+        assert content == (whole["message"]["content"] or "") and finish == whole["finish_reason"]
+        assert [(c["name"], c["arguments"]) for c in calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"].get("tool_calls", ())]
+        assert all(c["id"] for c in calls)
+
+
+# ---------------------------------------------------------------------------------------------- offline
+def test_llm_chat_offers_the_tools_and_renders_earlier_calls(plain):
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    out = plain.chat(history, SamplingParams(max_tokens=2), chat_template=TEMPLATE, tools=TOOLS)[0]
+    assert out.prompt == ("<tools> get_weather,get_time\n<user> weather?\n<assistant> [get_weather Oslo]\n"
+                          "<tool> sunny(call_1)\n<assistant> ")
+    for messages, tools, words in [(ASK, [{"type": "function"}], r"tools\[0\] must be"),
+                                   ([{"role": "tool"}], None, r"messages\[0\]'s content"),
+                                   ([{"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}], None,
+                                    "tool_calls must be"),
+                                   ([{"role": "tool", "content": "x", "tool_call_id": 5}], None, "tool_call_id")]:
+        with pytest.raises(SpecDecError, match=words):
+            plain.chat(messages, SamplingParams(max_tokens=2), chat_template=TEMPLATE, tools=tools)
+
+
+# ---------------------------------------------------------------------------------------------- served
+def test_a_forced_function_is_its_arguments_and_equals_plain_decoding(server, plain):
+    """``tool_choice`` naming a function: the output is constrained to its parameters and comes back as its call;
+    greedy under speculation it equals plain decoding under the same constraint; streamed, the arguments add up."""
+    response = post(server, {"messages": ASK, "tools": TOOLS, "tool_choice": FORCED, "temperature": 0,
+                             "max_tokens": 40, **COMPACT})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    call = choice["message"]["tool_calls"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "stop", call
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+    constrained = StructuredOutputsParams(json=WEATHER["function"]["parameters"], disable_any_whitespace=True)
+    reference = plain.chat(ASK, SamplingParams(temperature=0, max_tokens=40, structured_outputs=constrained),
+                           chat_template=TEMPLATE, tools=TOOLS)[0].outputs[0].text
+    assert call["function"]["arguments"] == reference
+    content, calls, finish = joined_calls(stream(server, {"messages": ASK, "tools": TOOLS, "tool_choice": FORCED,
+                                                          "temperature": 0, "max_tokens": 40, **COMPACT}))
+    assert (content, [(c["name"], c["arguments"]) for c in calls], finish) == ("", [("get_weather", reference)],
+                                                                                "stop")
+
+
+def check_calls(calls: list[dict]) -> None:
+    for call in calls:
+        tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+        jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+
+
+def test_required_calls_are_valid_calls(server):
+    """``tool_choice`` required: a list of calls, each valid for its tool (one alone without parallel calls);
+    streamed alike; an output cut at max_tokens comes back as text."""
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0.8, "max_tokens": 60,
+            "n": 3, "seed": 3, "parallel_tool_calls": False, **COMPACT}
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    streamed = stream(server, body)
+    for choice in response.json()["choices"]:
+        calls = choice["message"].get("tool_calls")
+        assert choice["finish_reason"] == "tool_calls" and len(calls) == 1 and choice["message"]["content"] is None
+        check_calls(calls)
+        content, got, finish = joined_calls(streamed, choice["index"])
+        assert [(c["name"], c["arguments"]) for c in got] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in calls] and finish == "tool_calls"
+    for choice in post(server, {**body, "parallel_tool_calls": True, "n": 4}).json()["choices"]:
+        message = choice["message"]
+        if choice["finish_reason"] == "tool_calls":
+            check_calls(message["tool_calls"])
+        else:  # a random model may list calls until max_tokens
+            assert choice["finish_reason"] == "length" and "tool_calls" not in message
+            assert message["content"].startswith('[{"name":')
+
+
+def test_auto_reads_the_calls_out_of_the_text(server):
+    """With ``tool_choice`` auto the hermes parser reads the calls (the output forced into hermes' form by a regex,
+    since a random model writes none): content before them, ``finish_reason`` tool_calls; streamed alike; with
+    ``tool_choice`` none the same text is content."""
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 120, "temperature": 0, "guided_regex": HERMES}
+    message = post(server, body).json()["choices"][0]
+    assert message["finish_reason"] == "tool_calls" and message["message"]["content"] == "Sure. ", message
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["message"][
+        "tool_calls"]] == [("get_time", {"zone": "UTC"})]
+    content, calls, finish = joined_calls(stream(server, body))
+    assert (content, [c["name"] for c in calls], finish) == ("Sure. ", ["get_time"], "tool_calls")
+    text = post(server, {**body, "tool_choice": "none"}).json()["choices"][0]
+    assert text["finish_reason"] == "stop" and text["message"]["content"].startswith("Sure. <tool_call>")
+    assert "tool_calls" not in text["message"]
+
+
+def test_parallel_calls_off_keeps_the_first():
+    text = ('<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>\n'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    names = [[c["function"]["name"] for c in ToolOutput("auto", HermesParser(), parallel).message(text, "stop")[
+        "message"]["tool_calls"]] for parallel in (True, False)]
+    assert names == [["get_time", "get_weather"], ["get_time"]]
+
+
+def test_the_openai_clients_agent_loop(server):
+    """The loop an agent runs: ask with tools, append the assistant's message with its call and the tool's result,
+    ask again."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.root}/v1", api_key="none")
+    messages = list(ASK)
+    first = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice=FORCED,
+                                           temperature=0, max_tokens=40, extra_body=COMPACT)
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in (
+        "Paris", "Oslo", "Lima")
+    messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    second = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice="none",
+                                            max_tokens=3)
+    assert second.choices[0].message.tool_calls is None and second.usage.prompt_tokens > first.usage.prompt_tokens
+    chunks = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=FORCED,
+                                            temperature=0, max_tokens=40, stream=True, extra_body=COMPACT)
+    arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or "" for c in chunks
+                        if c.choices and c.choices[0].delta.tool_calls)
+    assert arguments == call.function.arguments
+
+
+BAD = [
+    ({"tools": {"type": "function"}}, "tools", "valid list"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "letters, digits"),
+    ({"tools": TOOLS, "tool_choice": "maybe"}, "tool_choice", "must be one of"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not in tools"),
+    ({"tool_choice": "required"}, "tool_choice", "no tools are given"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot also set response_format"),
+    ({"tools": TOOLS, "tool_choice": FORCED, "structured_outputs": {"regex": "a"}}, "tool_choice",
+     "cannot also set structured_outputs"),
+    ({"tools": TOOLS, "tool_choice": FORCED, "structured_outputs": {"disable_any_whitespace": 1}},
+     "structured_outputs", "disable_any_whitespace"),
+    ({"messages": [{"role": "tool"}]}, "messages.0", "content is missing"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
+     "messages.0.tool_calls.0.function.arguments", "field required"),
+    ({"messages": [{"role": "user", "content": "x", "refusal": "no"}]}, "messages.0.refusal", "should be none"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+]
+
+
+@pytest.mark.parametrize("extra, param, words", BAD, ids=range(len(BAD)))
+def test_bad_tools_are_a_400_naming_the_field(server, extra, param, words):
+    response = post(server, {"messages": ASK, "max_tokens": 2, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_auto_needs_the_servers_parser(text_model_dirs, draft_dir):  # noqa: F811
+    with pytest.raises(SpecDecError, match="needs a tool-call parser"):
+        create_app(make_llm(text_model_dirs, draft_dir, PLAIN), enable_auto_tool_choice=True)
+    with pytest.raises(SpecDecError, match="unknown tool-call parser 'xml'"):
+        create_app(make_llm(text_model_dirs, draft_dir, PLAIN), tool_call_parser="xml")
+    served = Served(create_app(make_llm(text_model_dirs, draft_dir, PLAIN), served_model_name="tiny", api_key="",
+                               chat_template=TEMPLATE))
+    try:
+        error = post(None, {"messages": ASK, "tools": TOOLS, "max_tokens": 2}, served.root).json()["error"]
+        assert error["param"] == "tool_choice" and "--enable-auto-tool-choice" in error["message"]
+        forced = post(None, {"messages": ASK, "tools": TOOLS, "tool_choice": FORCED, "max_tokens": 40, **COMPACT},
+                      served.root)
+        assert forced.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    finally:
+        served.stop()
