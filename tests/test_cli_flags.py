@@ -143,3 +143,13 @@ def test_serve_refuses_a_bad_prefill_share_before_loading(argv, message, capsys)
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--tool-call-parser", "xml"], "invalid choice: 'xml'"),
+])
+def test_serve_refuses_auto_tool_choice_without_a_parser(argv, message, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -16,7 +16,15 @@ from specdec import SamplingParams, SpecDecError
 from specdec.server import create_app
 from specdec.server.tool_calls import ToolOutput
 from specdec.structured import StructuredOutputsParams
-from specdec.tools import HermesParser, ToolCall, check_tool_choice, check_tools, required_calls, schema
+from specdec.tools import (
+    HermesParser,
+    Llama3JsonParser,
+    ToolCall,
+    check_tool_choice,
+    check_tools,
+    required_calls,
+    schema,
+)
 
 TEMPLATE = ("{% if tools %}<tools> {{ tools | map(attribute='function') | map(attribute='name') | join(',') }}\n"
             "{% endif %}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}"
@@ -132,16 +140,29 @@ def test_the_hermes_parser():
     assert ToolCall("f", "{}").id.startswith("call_") and ToolCall("f", "{}").id != ToolCall("f", "{}").id
 
 
+def test_the_llama3_json_parser():
+    parser = Llama3JsonParser()
+    one = parser.parse('{"name": "get_time", "parameters": {"zone": "UTC"}}')
+    assert one[0] is None and [(c.name, c.arguments) for c in one[1]] == [("get_time", '{"zone": "UTC"}')]
+    two = parser.parse('<|python_tag|>{"name": "f", "arguments": {}}; {"name": "g", "parameters": {"a": [1]}}')
+    assert [(c.name, json.loads(c.arguments)) for c in two[1]] == [("f", {}), ("g", {"a": [1]})]
+    for text in ("It is sunny.", '{"name": "f"} and more', '{"city": "Oslo"}', '{"name": "f", "parameters"'):
+        assert parser.parse(text) == (text, [])
+    assert [parser.content_end(t) for t in ("", "  {", "<|py", "<|python_tag|>{", "Hi", " Hi {")] == [0, 0, 0, 0, 2, 5]
+
+
+@pytest.mark.parametrize("parser", [HermesParser, Llama3JsonParser])
 @pytest.mark.parametrize("choice, text", [
+    ("auto", '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {}}'),
     ("auto", 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'),
     ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
     ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),
     ("get_weather", '{"city": "Lima"}')])
-def test_streamed_deltas_add_up_to_the_whole_message(choice, text):
+def test_streamed_deltas_add_up_to_the_whole_message(parser, choice, text):
     """Fed in pieces of every size, a stream's content and calls equal the whole response's message."""
-    whole = ToolOutput(choice, HermesParser(), True).message(text, "stop")
+    whole = ToolOutput(choice, parser(), True).message(text, "stop")
     for size in (1, 3, 100):
-        output = ToolOutput(choice, HermesParser(), True)
+        output = ToolOutput(choice, parser(), True)
         pieces = [text[i:i + size] for i in range(0, len(text), size)]
         events = [{"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
                   for delta, finish in (output.delta(p, "stop" if i == len(pieces) - 1 else None)
@@ -281,6 +302,8 @@ BAD = [
      "cannot also set structured_outputs"),
     ({"tools": TOOLS, "tool_choice": FORCED, "structured_outputs": {"disable_any_whitespace": 1}},
      "structured_outputs", "disable_any_whitespace"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+      "tool_choice": "required"}, "tools", "bogus"),
     ({"messages": [{"role": "tool"}]}, "messages.0", "content is missing"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
      "messages.0.tool_calls.0.function.arguments", "field required"),

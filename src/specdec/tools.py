@@ -8,7 +8,8 @@ The output, by ``tool_choice`` (:func:`check_tool_choice`):
 
 - ``"none"``: text; the model still sees the tools.
 - ``"auto"`` (the default with tools): the model chooses; a tool-call parser (:data:`PARSERS`, the server's
-  ``--tool-call-parser``) reads its calls out of the text, and the text before the first call stays the content.
+  ``--tool-call-parser``: Hermes' and Qwen's ``<tool_call>`` blocks, Llama 3's JSON) reads its calls out of the
+  text, and the text before the first call stays the content.
 - ``"required"``: the output is constrained (:func:`schema`) to a JSON list of one or more calls
   ``[{"name": N, "parameters": {...}}]``, each an instance of its tool's schema (vLLM's form).
 - ``{"type": "function", "function": {"name": N}}``: the output is constrained to N's parameters schema, and
@@ -24,7 +25,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from specdec.errors import SpecDecError
 
@@ -146,6 +147,16 @@ def required_calls(text: str) -> list[ToolCall] | None:
     return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
 
 
+class ToolParser(Protocol):
+    """How one family of models writes its calls."""
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(content, calls)`` of a whole output (content None where there is none)."""
+
+    def content_end(self, text: str) -> int:
+        """How many characters of a partial output are surely content (streamed before the output ends)."""
+
+
 class HermesParser:
     """Hermes' and Qwen's calls (Qwen 2.5 and 3, NousResearch Hermes 2 and 3): each a JSON object
     ``{"name": N, "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; the text before the first
@@ -186,11 +197,49 @@ class HermesParser:
         return len(text)
 
 
-PARSERS = {"hermes": HermesParser}
+class Llama3JsonParser:
+    """Llama 3.1 to 3.3's JSON calls: an output that is one call ``{"name": N, "parameters": {...}}`` (or
+    ``"arguments"``), or several separated by ``;``, optionally after ``<|python_tag|>``; any other output is
+    content."""
+
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(content, calls)`` of an output: ``(None, calls)`` when all of it is well-formed calls, else
+        ``(text, [])``."""
+        body = text.strip()
+        body = body[len(self.TAG):].lstrip() if body.startswith(self.TAG) else body
+        if not body.startswith("{"):
+            return text, []
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        while at < len(body):
+            try:
+                call, at = decoder.raw_decode(body, at)
+            except ValueError:
+                return text, []
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            arguments = call.get("parameters", call.get("arguments", {}))
+            calls.append(ToolCall(call["name"], arguments if isinstance(arguments, str)
+                                  else json.dumps(arguments, ensure_ascii=False)))
+            while at < len(body) and (body[at].isspace() or body[at] == ";"):
+                at += 1
+        return None, calls
+
+    def content_end(self, text: str) -> int:
+        """How much of a partial output is surely content: none while it may be calls (blank, a JSON object, the
+        tag or its beginning), all of it once it is not."""
+        start = text.lstrip()
+        if not start or start[0] == "{" or start.startswith(self.TAG) or self.TAG.startswith(start):
+            return 0
+        return len(text)
+
+
+PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
 """Tool-call parsers by name (the server's ``--tool-call-parser``)."""
 
 
-def tool_parser(name: str) -> HermesParser:
+def tool_parser(name: str) -> ToolParser:
     """The parser named ``name`` (:data:`PARSERS`), or a :class:`SpecDecError` listing them."""
     if name not in PARSERS:
         raise SpecDecError(f"unknown tool-call parser {name!r}: specdec has {', '.join(sorted(PARSERS))}")

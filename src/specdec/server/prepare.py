@@ -210,7 +210,7 @@ class Preparer:
         except SpecDecError as exc:  # its message starts with the field's name
             field = str(exc).split(" ", 1)[0]  # else a constraint that does not compile
             field = (param if field == "max_tokens" else field if field in type(req).model_fields
-                     else next(iter(req.constraint_fields()), None))
+                     else req.constraint_source())
             raise APIError(400, str(exc), param=field) from None
         limit = self.llm.max_model_len
         longest = max(len(ids) for _, ids in prompts)

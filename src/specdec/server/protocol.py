@@ -314,6 +314,10 @@ class SamplingFields(_Strict):
         return names + (["structured_outputs"] if carried else []) + [
             name for name, _ in GUIDED_FIELDS if getattr(self, name) is not None]
 
+    def constraint_source(self) -> str | None:
+        """The field a constraint that does not compile is blamed on."""
+        return next(iter(self.constraint_fields()), None)
+
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingFields:
         if self.stream_options is not None and not self.stream:
@@ -478,6 +482,9 @@ class ChatRequest(SamplingFields):
             return check_tool_choice(self.tool_choice, self.checked_tools())
         except SpecDecError as exc:
             raise APIError(400, str(exc), param="tool_choice") from None
+
+    def constraint_source(self) -> str | None:
+        return "tools" if self.tool_choice_name() not in ("none", "auto") else super().constraint_source()
 
     def constraint(self) -> StructuredOutputsParams | None:
         """A ``tool_choice`` of ``"required"`` or a function constrains the output to calls

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.tools import CHOICES, HermesParser, ToolCall, required_calls
+from specdec.tools import CHOICES, ToolCall, ToolParser, required_calls
 
 
 class ToolOutput:
@@ -27,7 +27,7 @@ class ToolOutput:
     response's message, :meth:`delta` a stream's deltas (one instance per streamed choice: it keeps what it has
     seen)."""
 
-    def __init__(self, choice: str, parser: HermesParser | None, parallel: bool) -> None:
+    def __init__(self, choice: str, parser: ToolParser | None, parallel: bool) -> None:
         self.choice, self.parser, self.parallel = choice, parser, parallel
         self.forced = choice not in CHOICES  # a function's name
         self.text = ""  # streamed so far
