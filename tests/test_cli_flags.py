@@ -150,6 +150,10 @@ def test_serve_refuses_a_bad_prefill_share_before_loading(argv, message, capsys)
     (["--tool-call-parser", "xml"], "invalid choice: 'xml'"),
 ])
 def test_serve_refuses_auto_tool_choice_without_a_parser(argv, message, capsys):
-    assert main(["serve", *argv]) == 2
+    try:
+        code = main(["serve", *argv])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]

@@ -231,15 +231,15 @@ def test_bad_logprobs_values_are_a_400_naming_the_parameter(server, route, extra
 
 
 def test_a_streamed_choice_waits_behind_its_lead():
-    """``_events`` with a lead: a choice whose output comes before its prompt's first choice scored the prompt
+    """``events`` with a lead: a choice whose output comes before its prompt's first choice scored the prompt
     holds that output until its lead can be built, then sends the lead and the held outputs in order."""
     import asyncio
 
     from specdec.outputs import StreamOutput
-    from specdec.server.app import Choice, _events
     from specdec.server.protocol import CompletionRequest
+    from specdec.server.respond import Choice, events
 
-    class Outputs:  # the part of a Submission that _events reads
+    class Outputs:  # the part of a Submission that events reads
         jobs = [0, 1]
 
         def __init__(self) -> None:
@@ -267,7 +267,7 @@ def test_a_streamed_choice_waits_behind_its_lead():
 
     async def run() -> list[str]:
         fields = CompletionRequest(model="m", prompt="p", stream=True)
-        return [e async for e in _events(outputs, fields, chunk, [], {}, None, lead)]
+        return [e async for e in events(outputs, fields, chunk, [], {}, None, lead)]
 
     sent = [json.loads(e[6:]) for e in asyncio.run(run()) if e.startswith("data: {")]
     texts = [(c["index"], c["text"]) for e in sent for c in e["choices"]]

@@ -32,7 +32,8 @@ from typing import Any
 from specdec.chat import chat_prompt, conversation_of, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
-from specdec.server.protocol import APIError, ChatRequest, CompletionRequest, SamplingFields, parse
+from specdec.server.chat_request import ChatRequest
+from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body."""

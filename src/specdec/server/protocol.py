@@ -1,4 +1,5 @@
-"""The OpenAI wire format: request models with their validation, error bodies, response pieces.
+"""The OpenAI wire format: request models with their validation, error bodies, response pieces (the chat
+endpoint's own request: :mod:`specdec.server.chat_request`).
 
 Requests are validated strictly: an unknown field is named, types are not coerced (``"5"`` is
 not a number), and an OpenAI field this server does not implement (``functions``, ``best_of``, ...) is refused by
@@ -41,8 +42,6 @@ from specdec.metrics import RequestMetrics
 from specdec.sampling import MAX_SEED, SamplingParams
 from specdec.structured import StructuredOutputsParams
 from specdec.structured.params import KINDS as STRUCTURED_KINDS
-from specdec.tools import check_tool_choice, check_tools
-from specdec.tools import schema as tool_schema
 
 USAGE_EXTENSION = "specdec"
 """The key under ``usage`` that carries the speculative metrics of a response: ``num_steps``,
@@ -121,7 +120,7 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         raise APIError(400, message, param=param or None) from None
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Strict validation (no unknown fields, no coercion), where ``null`` for an optional field means its default,
     as in OpenAI's API (the ``openai`` client sends ``null`` for an argument passed as ``None``)."""
 
@@ -136,13 +135,13 @@ class _Strict(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k not in optional}
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
     """vLLM's extension: every chunk carries the usage of its choice so far."""
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     """``response_format.json_schema``: OpenAI's named schema (``strict`` is always honoured)."""
 
     name: str | None = None
@@ -151,7 +150,7 @@ class JsonSchemaFormat(_Strict):
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -161,7 +160,7 @@ GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_ch
 """vLLM's older request fields for a constraint, and the :class:`StructuredOutputsParams` field each sets."""
 
 
-class SamplingFields(_Strict):
+class SamplingFields(StrictModel):
     """The fields both endpoints share: model, sampling (penalties and biases too), stops, ``n`` and streaming."""
 
     model: str | None = None
@@ -237,7 +236,7 @@ class SamplingFields(_Strict):
     @field_validator("prompt_logprobs")
     @classmethod
     def _prompt_logprobs(cls, value: int | None) -> int | None:
-        return _check_logprobs(value, "prompt_logprobs")
+        return check_logprobs(value, "prompt_logprobs")
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> SamplingFields:
@@ -333,7 +332,7 @@ class SamplingFields(_Strict):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
-def _check_logprobs(value: int | None, name: str) -> int | None:
+def check_logprobs(value: int | None, name: str) -> int | None:
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise APIError(400, f"{name} must be null or an integer in 0..{MAX_LOGPROBS}, got {value}", param=name)
     return value
@@ -359,7 +358,7 @@ class CompletionRequest(SamplingFields):
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, value: int | None) -> int | None:
-        return _check_logprobs(value, "logprobs")
+        return check_logprobs(value, "logprobs")
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
@@ -392,115 +391,6 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt[0], int):
             return [{"prompt_token_ids": prompt}]
         return [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompt]
-
-
-class ContentPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(_Strict):
-    name: str
-    arguments: str
-
-
-class ToolCallMessage(_Strict):
-    """One of an assistant message's ``tool_calls``: a call the model made earlier in the conversation."""
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(_Strict):
-    """A message; an assistant's may carry ``tool_calls`` (its content then may be null), a ``tool`` message the
-    ``tool_call_id`` whose result it is. ``refusal`` (what OpenAI's client echoes back) is accepted as null."""
-
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallMessage] | None = None
-    tool_call_id: str | None = None
-    refusal: None = None
-
-    @model_validator(mode="after")
-    def _has_content(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is missing (only an assistant message with tool_calls may leave it out)")
-        return self
-
-
-class ChatRequest(SamplingFields):
-    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to what is
-    left of ``max_model_len`` after the prompt."""
-
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-
-    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,)}
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs(cls, value: int | None) -> int | None:
-        return _check_logprobs(value, "top_logprobs")
-
-    @model_validator(mode="after")
-    def _top_needs_logprobs(self) -> ChatRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise APIError(400, f"top_logprobs is {self.top_logprobs} but logprobs is not true: set logprobs to "
-                                "true to get log probabilities", param="top_logprobs")
-        return self
-
-    def num_logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def conversation(self) -> list[dict[str, Any]]:
-        """The messages as :func:`specdec.chat.conversation_of` takes them."""
-        if not self.messages:
-            raise APIError(400, "messages is an empty list", param="messages")
-        return [m.model_dump(exclude_none=True) for m in self.messages]
-
-    def checked_tools(self) -> list[dict[str, Any]] | None:
-        """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
-        try:
-            return check_tools(self.tools)
-        except SpecDecError as exc:
-            raise APIError(400, str(exc), param="tools") from None
-
-    def tool_choice_name(self) -> str:
-        """:func:`specdec.tools.check_tool_choice` of ``tool_choice``, or a 400."""
-        try:
-            return check_tool_choice(self.tool_choice, self.checked_tools())
-        except SpecDecError as exc:
-            raise APIError(400, str(exc), param="tool_choice") from None
-
-    def constraint_source(self) -> str | None:
-        return "tools" if self.tool_choice_name() not in ("none", "auto") else super().constraint_source()
-
-    def constraint(self) -> StructuredOutputsParams | None:
-        """A ``tool_choice`` of ``"required"`` or a function constrains the output to calls
-        (:func:`specdec.tools.schema`), and then the request takes no other constraint; a ``structured_outputs``
-        holding options alone (``disable_any_whitespace``) applies them, as vLLM merges them."""
-        forced = tool_schema(self.tool_choice_name(), self.checked_tools(), self.parallel_tool_calls)
-        if forced is None:
-            return super().constraint()
-        given = self.constraint_fields()
-        if given:
-            raise APIError(400, f"tool_choice {self.tool_choice_name()!r} constrains the output to tool calls, so "
-                                f"the request cannot also set {given[0]}", param="tool_choice")
-        try:
-            return StructuredOutputsParams.from_dict({**(self.structured_outputs or {}), "json": forced})
-        except SpecDecError as exc:
-            raise APIError(400, str(exc), param="structured_outputs" if self.structured_outputs else "tools") from None
 
 
 def new_id(prefix: str) -> str:

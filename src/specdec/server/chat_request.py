@@ -1,0 +1,124 @@
+"""The chat endpoint's request: OpenAI's messages (with earlier tool calls and their results), vLLM's rendering
+options, and the tools with the tool choice (:mod:`specdec.tools`), on top of the fields both endpoints share
+(:class:`~specdec.server.protocol.SamplingFields`)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import field_validator, model_validator
+
+from specdec.errors import SpecDecError
+from specdec.server.protocol import APIError, SamplingFields, StrictModel, check_logprobs
+from specdec.structured import StructuredOutputsParams
+from specdec.tools import check_tool_choice, check_tools
+from specdec.tools import schema as tool_schema
+
+
+class ContentPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(StrictModel):
+    name: str
+    arguments: str
+
+
+class ToolCallMessage(StrictModel):
+    """One of an assistant message's ``tool_calls``: a call the model made earlier in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(StrictModel):
+    """A message; an assistant's may carry ``tool_calls`` (its content then may be null), a ``tool`` message the
+    ``tool_call_id`` whose result it is. ``refusal`` (what OpenAI's client echoes back) is accepted as null."""
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None
+    tool_call_id: str | None = None
+    refusal: None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is missing (only an assistant message with tool_calls may leave it out)")
+        return self
+
+
+class ChatRequest(SamplingFields):
+    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to what is
+    left of ``max_model_len`` after the prompt."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+
+    unsupported_here: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,)}
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value: int | None) -> int | None:
+        return check_logprobs(value, "top_logprobs")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, f"top_logprobs is {self.top_logprobs} but logprobs is not true: set logprobs to "
+                                "true to get log probabilities", param="top_logprobs")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as :func:`specdec.chat.conversation_of` takes them."""
+        if not self.messages:
+            raise APIError(400, "messages is an empty list", param="messages")
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def checked_tools(self) -> list[dict[str, Any]] | None:
+        """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
+        try:
+            return check_tools(self.tools)
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="tools") from None
+
+    def tool_choice_name(self) -> str:
+        """:func:`specdec.tools.check_tool_choice` of ``tool_choice``, or a 400."""
+        try:
+            return check_tool_choice(self.tool_choice, self.checked_tools())
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="tool_choice") from None
+
+    def constraint_source(self) -> str | None:
+        return "tools" if self.tool_choice_name() not in ("none", "auto") else super().constraint_source()
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """A ``tool_choice`` of ``"required"`` or a function constrains the output to calls
+        (:func:`specdec.tools.schema`), and then the request takes no other constraint; a ``structured_outputs``
+        holding options alone (``disable_any_whitespace``) applies them, as vLLM merges them."""
+        forced = tool_schema(self.tool_choice_name(), self.checked_tools(), self.parallel_tool_calls)
+        if forced is None:
+            return super().constraint()
+        given = self.constraint_fields()
+        if given:
+            raise APIError(400, f"tool_choice {self.tool_choice_name()!r} constrains the output to tool calls, so "
+                                f"the request cannot also set {given[0]}", param="tool_choice")
+        try:
+            return StructuredOutputsParams.from_dict({**(self.structured_outputs or {}), "json": forced})
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="structured_outputs" if self.structured_outputs else "tools") from None
