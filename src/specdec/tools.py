@@ -147,6 +147,16 @@ def required_calls(text: str) -> list[ToolCall] | None:
     return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
 
 
+def _call_of(value: Any) -> ToolCall:
+    """The call a parsed JSON value writes: ``{"name": N, "arguments": {...}}`` (or ``"parameters"``, the arguments
+    an object or JSON text); ValueError where it is not one."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ValueError(f"not a call: {_short(value)}")
+    arguments = value.get("arguments", value.get("parameters", {}))
+    return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                                          ensure_ascii=False))
+
+
 class ToolParser(Protocol):
     """How one family of models writes its calls."""
 
@@ -174,14 +184,10 @@ class HermesParser:
         for block in text[start:].split(self.OPEN)[1:]:
             body = block.split(self.CLOSE, 1)[0].strip()
             try:
-                call = json.loads(body)
+                call = _call_of(json.loads(body))
             except ValueError:
                 return text, []
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                return text, []
-            arguments = call.get("arguments", call.get("parameters", {}))
-            calls.append(ToolCall(call["name"], arguments if isinstance(arguments, str)
-                                  else json.dumps(arguments, ensure_ascii=False)))
+            calls.append(call)
         content = text[:start]
         return content if content.strip() else None, calls
 
@@ -214,14 +220,10 @@ class Llama3JsonParser:
         decoder, calls, at = json.JSONDecoder(), [], 0
         while at < len(body):
             try:
-                call, at = decoder.raw_decode(body, at)
+                value, at = decoder.raw_decode(body, at)
+                calls.append(_call_of(value))
             except ValueError:
                 return text, []
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                return text, []
-            arguments = call.get("parameters", call.get("arguments", {}))
-            calls.append(ToolCall(call["name"], arguments if isinstance(arguments, str)
-                                  else json.dumps(arguments, ensure_ascii=False)))
             while at < len(body) and (body[at].isspace() or body[at] == ";"):
                 at += 1
         return None, calls
