@@ -148,6 +148,7 @@ def test_serve_refuses_a_bad_prefill_share_before_loading(argv, message, capsys)
 @pytest.mark.parametrize("argv, message", [
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--tool-call-parser", "xml"], "invalid choice: 'xml'"),
+    (["--reasoning-parser", "r2"], "invalid choice: 'r2'"),
 ])
 def test_serve_refuses_auto_tool_choice_without_a_parser(argv, message, capsys):
     try:

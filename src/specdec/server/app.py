@@ -40,6 +40,8 @@ from specdec.server.logprobs import (
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, error_body, new_id, now
+from specdec.server.reasoning import PARSERS as REASONING
+from specdec.server.reasoning import ReasoningSplit, with_reasoning
 from specdec.server.respond import Choice, Submission, respond
 from specdec.server.tool_calls import ToolOutput
 from specdec.server.worker import EngineWorker, ShuttingDown
@@ -138,7 +140,8 @@ class BodyLimit:
 def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
                chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None,
-               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
+               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
 
     ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
@@ -148,8 +151,12 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     ``max_prompt_bytes``: text prompt limit (default 32 bytes per token of ``max_model_len``; see
     :mod:`specdec.server.prepare` for every limit). ``enable_auto_tool_choice``: serve chat's ``tool_choice``
     ``"auto"``, whose calls ``tool_call_parser`` (a name of :data:`specdec.tools.PARSERS`) reads out of the text
-    (vLLM's two flags; :mod:`specdec.server.tool_calls`).
+    (vLLM's two flags; :mod:`specdec.server.tool_calls`). ``reasoning_parser``: split chat outputs into
+    ``reasoning_content`` and ``content`` (a name of :data:`specdec.server.reasoning.PARSERS`).
     """
+    if reasoning_parser is not None and reasoning_parser not in REASONING:
+        raise SpecDecError(f"unknown reasoning parser {reasoning_parser!r}: specdec has "
+                           f"{', '.join(sorted(REASONING))}")
     parser = None if tool_call_parser is None else tool_parser(tool_call_parser)
     if enable_auto_tool_choice and parser is None:
         raise SpecDecError(f"enable_auto_tool_choice needs a tool-call parser to read the calls: give "
@@ -251,16 +258,27 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         req = prepared.request
         num_top = req.top_logprobs or 0
         outputs = [ToolOutput(req.tool_choice_name(), parser, req.parallel_tool_calls) for _ in range(req.n)]
+        # a constrained output is all content: the constraint holds from its first token
+        thinking = [ReasoningSplit(REASONING[reasoning_parser]) for _ in range(req.n)] if (
+            reasoning_parser is not None and req.constraint() is None) else None
 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+            reasoning, text = ("", text) if thinking is None else thinking[index].feed(text, finish is not None)
             delta, finish = outputs[index].delta(text, finish)
-            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": index, "delta": with_reasoning(delta, reasoning), "logprobs": logprobs,
+                    "finish_reason": finish}
 
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
             return chat_logprobs(token_ids, entries, num_top, llm.token_texts)
 
         def body(index: int, text: str, finish: str | None) -> dict[str, Any]:
-            return outputs[index].message(text, finish)
+            if thinking is None:
+                return outputs[index].message(text, finish)
+            reasoning, text = thinking[index].message(text)
+            shaped = outputs[index].message(text, finish)
+            if reasoning is not None and not shaped["message"]["content"]:
+                shaped["message"]["content"] = None  # thinking alone: no answer
+            return {**shaped, "message": with_reasoning(shaped["message"], reasoning)}
 
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}

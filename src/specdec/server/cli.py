@@ -30,6 +30,7 @@ from specdec.generate_cli import (
     kv_kwargs,
     speculative_config_json,
 )
+from specdec.server.reasoning import PARSERS as REASONING
 from specdec.tools import PARSERS
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
@@ -83,6 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="serve chat's tool_choice 'auto' (the default with tools), the calls read out of the text by "
                    "--tool-call-parser; 'none', 'required' and a named function need neither flag")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING),
+                   help="split chat outputs into reasoning_content (the thinking between <think> and </think>) and "
+                   "content: deepseek_r1 (output starts thinking: DeepSeek-R1, its distills, QwQ) or qwen3 (thinks "
+                   "when it opens <think>)")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
                    help="how the model writes its tool calls: hermes (<tool_call>{...}</tool_call>: Qwen 2.5 and 3, "
                    "Hermes 2 and 3) or llama3_json (a JSON call, or several separated by ';': Llama 3.1 to 3.3)")
@@ -172,7 +177,8 @@ def run_serve(args: argparse.Namespace) -> int:
                       deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share,
                       **kv_kwargs(args))
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
-    tools = dict(enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
+    tools = dict(enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+                 reasoning_parser=args.reasoning_parser)
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
     if settings is not None:  # Ray Serve's proxy binds the port itself: only checked here
