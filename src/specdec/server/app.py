@@ -1,7 +1,7 @@
 """The ASGI app: ``create_app(llm)`` builds the FastAPI application of an OpenAI-compatible server.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``. Handlers have the body parsed, validated, bounded and encoded
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``,
+``POST /detokenize``, ``GET /health``, ``GET /metrics``. Handlers have the body parsed, validated, bounded and encoded
 in the :class:`~specdec.server.prepare.Preparer`'s thread (never on the event loop, so a large or
 slow request stalls no other client), and hand jobs to the single
 :class:`~specdec.server.worker.EngineWorker`; they never touch model state. The worker
@@ -286,6 +286,17 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         return await respond(request, Submission(state, prepared), req, head, chunk, opening, logprobs, body)
 
     app.include_router(v1)
+    tokens = APIRouter(dependencies=[Depends(_authorize_with(state))])  # vLLM's, beside /v1
+
+    @tokens.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return JSONResponse(await prepare(request, preparer.tokenize))
+
+    @tokens.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return JSONResponse(await prepare(request, preparer.detokenize))
+
+    app.include_router(tokens)
 
     @app.get("/health")
     async def health() -> Response:

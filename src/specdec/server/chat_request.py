@@ -51,19 +51,37 @@ class ChatMessage(StrictModel):
         return self
 
 
-class ChatRequest(SamplingFields):
-    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to what is
-    left of ``max_model_len`` after the prompt."""
+class ChatRendering(StrictModel):
+    """What renders a conversation into a prompt: the messages, the tools and vLLM's rendering options."""
 
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as :func:`specdec.chat.conversation_of` takes them."""
+        if not self.messages:
+            raise APIError(400, "messages is an empty list", param="messages")
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def checked_tools(self) -> list[dict[str, Any]] | None:
+        """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
+        try:
+            return check_tools(self.tools)
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="tools") from None
+
+
+class ChatRequest(SamplingFields, ChatRendering):
+    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to what is
+    left of ``max_model_len`` after the prompt."""
+
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
@@ -83,19 +101,6 @@ class ChatRequest(SamplingFields):
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    def conversation(self) -> list[dict[str, Any]]:
-        """The messages as :func:`specdec.chat.conversation_of` takes them."""
-        if not self.messages:
-            raise APIError(400, "messages is an empty list", param="messages")
-        return [m.model_dump(exclude_none=True) for m in self.messages]
-
-    def checked_tools(self) -> list[dict[str, Any]] | None:
-        """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
-        try:
-            return check_tools(self.tools)
-        except SpecDecError as exc:
-            raise APIError(400, str(exc), param="tools") from None
 
     def tool_choice_name(self) -> str:
         """:func:`specdec.tools.check_tool_choice` of ``tool_choice``, or a 400."""

@@ -32,8 +32,9 @@ from typing import Any
 from specdec.chat import chat_prompt, conversation_of, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
-from specdec.server.chat_request import ChatRequest
+from specdec.server.chat_request import ChatRendering, ChatRequest
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
+from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body."""
@@ -178,6 +179,39 @@ class Preparer:
         self._check_params(req, max_tokens, param, [prompt])
         return Prepared(req, [prompt], max_tokens)
 
+    def tokenize(self, body: bytes) -> dict[str, Any]:
+        """``/tokenize``'s answer (:mod:`specdec.server.tokenize`)."""
+        data = read_json(body, self.max_values)
+        chat = isinstance(data, dict) and "messages" in data
+        req = parse(TokenizeChat if chat else TokenizePrompt, data)
+        self._check_model(req.model)
+        if self.llm.tokenizer is None:
+            raise APIError(400, f"model {self.served_model_name!r} has no tokenizer", param="prompt")
+        if chat:
+            try:
+                conversation = conversation_of(req.conversation())
+            except SpecDecError as exc:
+                raise APIError(400, str(exc), param="messages") from None
+            text = self._render(req, conversation)
+        else:
+            text = req.prompt
+        self._check_bytes(len(text.encode("utf-8")), "messages" if chat else "prompt")
+        tokens = self.llm.tokenizer(text, add_special_tokens=req.add_special_tokens)["input_ids"]
+        return {"count": len(tokens), "max_model_len": self.llm.max_model_len, "tokens": tokens,
+                "token_strs": self.llm.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None}
+
+    def detokenize(self, body: bytes) -> dict[str, Any]:
+        """``/detokenize``'s answer."""
+        req = parse(Detokenize, read_json(body, self.max_values))
+        self._check_model(req.model)
+        if self.llm.tokenizer is None:
+            raise APIError(400, f"model {self.served_model_name!r} has no tokenizer", param="tokens")
+        vocab = self.llm.target.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="tokens")
+        return {"prompt": self.llm.tokenizer.decode(req.tokens)}
+
     # ------------------------------------------------------------------ checks
     def _encoded(self, prompt: str | dict[str, Any], param: str) -> tuple[str | None, list[int]]:
         """:meth:`~specdec.llm.LLM.encode_prompt`, a bad prompt a 400 naming ``param`` (and the model by its served
@@ -220,7 +254,7 @@ class Preparer:
                                 f"maximum length is {limit} tokens: at most {limit - longest} can be generated",
                            param=param)
 
-    def _render(self, req: ChatRequest, conversation: list[dict[str, Any]]) -> str:
+    def _render(self, req: ChatRendering, conversation: list[dict[str, Any]]) -> str:
         if not has_template(self.llm.tokenizer, self.chat_template):
             raise APIError(400, NO_TEMPLATE.format(name=self.served_model_name), param="messages")
         try:
