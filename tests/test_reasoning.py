@@ -76,3 +76,15 @@ def test_the_server_splits_thinking_from_the_answer(server):
 def test_an_unknown_parser_is_refused(text_model_dirs, draft_dir):  # noqa: F811
     with pytest.raises(SpecDecError, match="unknown reasoning parser 'r2'"):
         create_app(make_llm(text_model_dirs, draft_dir, SPEC), reasoning_parser="r2")
+
+
+def test_an_assistants_reasoning_reaches_the_template(server):
+    """A client may send an assistant's ``reasoning_content`` back; the template gets it (Qwen3's renders it)."""
+    from specdec.chat import conversation_of, render
+
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "why"}]
+    template = "{% for m in messages %}{{ m.role }}:{{ m.reasoning_content or '' }}|{{ m.content }};{% endfor %}"
+    assert render(server.state.llm.tokenizer, conversation_of(messages), template, False) == (
+        "user:|q;assistant:why|a;")
+    answer = post(server, {"messages": messages, "max_tokens": 2, "ignore_eos": True})
+    assert answer["choices"][0]["finish_reason"] == "length"

@@ -39,8 +39,8 @@ def conversation_of(messages: Any, where: str = "messages") -> list[dict[str, An
     """``messages`` (a list of ``{"role": ..., "content": ...}``; content a string or a list of
     ``{"type": "text", "text": ...}`` parts, joined) as ``[{"role", "content", ...}]`` with string contents, or a
     :class:`SpecDecError` naming the first bad message (``where[i]``). An assistant message may carry
-    ``tool_calls`` (then its content may be null), a ``tool`` message the ``tool_call_id`` it answers; a
-    message's ``name`` is kept."""
+    ``tool_calls`` (then its content may be null) and ``reasoning_content``, a ``tool`` message the ``tool_call_id``
+    it answers; a message's ``name`` is kept."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise SpecDecError(f"{where} must be a non-empty list of messages, got {messages!r:.80}")
     conversation = []
@@ -58,7 +58,7 @@ def conversation_of(messages: Any, where: str = "messages") -> list[dict[str, An
             raise SpecDecError(f"{where}[{i}]'s content must be a string or a list of text parts, got "
                                f"{content!r:.80}")
         turn["content"] = text
-        for key in ("name", "tool_call_id"):
+        for key in ("name", "tool_call_id", "reasoning_content"):
             if message.get(key) is not None:
                 if not isinstance(message[key], str):
                     raise SpecDecError(f"{where}[{i}]'s {key} must be a string, got {message[key]!r:.80}")

@@ -35,13 +35,15 @@ class ToolCallMessage(StrictModel):
 
 class ChatMessage(StrictModel):
     """A message; an assistant's may carry ``tool_calls`` (its content then may be null), a ``tool`` message the
-    ``tool_call_id`` whose result it is. ``refusal`` (what OpenAI's client echoes back) is accepted as null."""
+    ``tool_call_id`` whose result it is, and an assistant's the ``reasoning_content`` a reasoning parser returned
+    (templates such as Qwen3's render it). ``refusal`` (what OpenAI's client echoes back) is accepted as null."""
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallMessage] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
     refusal: None = None
 
     @model_validator(mode="after")
