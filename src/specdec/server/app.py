@@ -245,6 +245,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         scored = echo is not None and num_top is not None  # an echo with logprobs waits for the prompt's
         opening = [] if echo is None or whole or scored else [
             {**head, "choices": [chunk(i, echo[i // n], None, None)]} for i in range(len(submission.jobs))]
+
         def body(index: int, text: str, finish: str | None) -> dict[str, Any]:
             return {"text": text if echo is None else echo[index // n] + text, "finish_reason": finish}
 
