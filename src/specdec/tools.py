@@ -163,8 +163,9 @@ class ToolParser(Protocol):
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of a whole output (content None where there is none)."""
 
-    def content_end(self, text: str) -> int:
-        """How many characters of a partial output are surely content (streamed before the output ends)."""
+    def content_end(self, text: str, start: int = 0) -> int:
+        """How many characters of a partial output are surely content (streamed before the output ends), given that
+        its first ``start`` are (what was streamed before: a stream is read once)."""
 
 
 class HermesParser:
@@ -191,13 +192,13 @@ class HermesParser:
         content = text[:start]
         return content if content.strip() else None, calls
 
-    def content_end(self, text: str) -> int:
+    def content_end(self, text: str, start: int = 0) -> int:
         """How much of a partial output is surely content: up to its first call, or short of an ending that may
         begin one."""
-        start = text.find(self.OPEN)
-        if start >= 0:
-            return start
-        for keep in range(min(len(self.OPEN) - 1, len(text)), 0, -1):
+        found = text.find(self.OPEN, start)
+        if found >= 0:
+            return found
+        for keep in range(min(len(self.OPEN) - 1, len(text) - start), 0, -1):
             if self.OPEN.startswith(text[-keep:]):
                 return len(text) - keep
         return len(text)
@@ -228,9 +229,11 @@ class Llama3JsonParser:
                 at += 1
         return None, calls
 
-    def content_end(self, text: str) -> int:
+    def content_end(self, text: str, start: int = 0) -> int:
         """How much of a partial output is surely content: none while it may be calls (blank, a JSON object, the
-        tag or its beginning), all of it once it is not."""
+        tag or its beginning), all of it once it is not (so all of it once some was content)."""
+        if start:
+            return len(text)
         start = text.lstrip()
         if not start or start[0] == "{" or start.startswith(self.TAG) or self.TAG.startswith(start):
             return 0

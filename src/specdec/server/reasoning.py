@@ -35,29 +35,37 @@ def _held(text: str, tag: str) -> int:
 class ReasoningSplit:
     """Splits one choice's output (``opens_inside``: :data:`PARSERS`' value). :meth:`split` reads a whole output;
     :meth:`feed` a stream's pieces, giving what to send of each part now (a tag's beginning is held until it is
-    known)."""
+    known). A stream is read once: each piece costs what it holds, not what came before it."""
 
     def __init__(self, opens_inside: bool) -> None:
         self.opens_inside = opens_inside
         self.text = ""
-        self.sent = (0, 0)  # characters of reasoning and of content sent
+        self.body: int | None = None  # where the thinking starts in the text (-1: none), once known
+        self.close = -1  # where ``CLOSE`` starts, once found
+        self.searched = 0  # no ``CLOSE`` starts before this
+        self.sent = [0, 0]  # where the reasoning and the content sent so far end, in the text
+
+    def _body(self, text: str, final: bool) -> int | None:
+        """Where the thinking starts in ``text`` (-1: it has none; None: not known yet)."""
+        start = text.lstrip()
+        if not final and OPEN.startswith(start) and len(start) < len(OPEN):
+            return None
+        if start.startswith(OPEN):
+            return len(text) - len(start) + len(OPEN)
+        return 0 if self.opens_inside else -1
 
     def split(self, text: str, final: bool = True) -> tuple[str, str]:
         """``(reasoning, content)`` of ``text``; not ``final``: of a partial output, holding back what may still
         turn out a tag, so that each part is a prefix of the whole output's."""
-        start = text.lstrip()
-        if not final and OPEN.startswith(start) and len(start) < len(OPEN):
+        body = self._body(text, final)
+        if body is None:
             return "", ""
-        if start.startswith(OPEN):
-            body = start[len(OPEN):]
-        elif self.opens_inside:
-            body = text
-        else:
+        if body < 0:
             return "", text
-        end = body.find(CLOSE)
+        end = text.find(CLOSE, body)
         if end >= 0:
-            return body[:end], body[end + len(CLOSE):]
-        return body[:len(body) - (0 if final else _held(body, CLOSE))], ""
+            return text[body:end], text[end + len(CLOSE):]
+        return text[body:len(text) - (0 if final else _held(text[body:], CLOSE))], ""
 
     def message(self, text: str) -> tuple[str | None, str]:
         """A whole output's reasoning (None where it has none) and content."""
@@ -67,9 +75,31 @@ class ReasoningSplit:
     def feed(self, piece: str, final: bool) -> tuple[str, str]:
         """The reasoning and the content to send for a stream's next ``piece`` (``final``: the output ends)."""
         self.text += piece
-        reasoning, content = self.split(self.text, final)
-        sent, self.sent = self.sent, (max(self.sent[0], len(reasoning)), max(self.sent[1], len(content)))
-        return reasoning[sent[0]:], content[sent[1]:]
+        text = self.text
+        if self.body is None:
+            self.body = self._body(text, final)
+            if self.body is None:
+                return "", ""
+            self.sent = [max(self.body, 0), 0]  # in thinking, content starts after CLOSE, once found
+        if self.body < 0:
+            content, self.sent[1] = text[self.sent[1]:], len(text)
+            return "", content
+        if self.close < 0:
+            self.close = text.find(CLOSE, max(self.body, self.searched))
+            self.searched = max(self.body, len(text) - len(CLOSE) + 1)
+            if self.close >= 0:
+                self.sent[1] = self.close + len(CLOSE)
+        if self.close >= 0:
+            end = self.close
+        else:
+            tail = max(self.body, len(text) - len(CLOSE))
+            end = len(text) - (0 if final else _held(text[tail:], CLOSE))
+        reasoning = text[self.sent[0]:end] if end > self.sent[0] else ""
+        self.sent[0] = max(self.sent[0], end)
+        content = ""
+        if self.close >= 0:
+            content, self.sent[1] = text[self.sent[1]:], len(text)
+        return reasoning, content
 
 
 def with_reasoning(fields: dict[str, Any], reasoning: str | None) -> dict[str, Any]:

@@ -71,7 +71,7 @@ class ToolOutput:
         if self.choice == "none" or self.choice == "auto" and self.parser is None:
             return ({"content": text} if text else {}), finish_reason
         if finish_reason is None:
-            end = self.parser.content_end(self.text) if self.choice == "auto" else 0
+            end = self.parser.content_end(self.text, self.sent) if self.choice == "auto" else 0
             return self._content(end), None
         content, calls = self.calls(self.text)
         if not calls:
