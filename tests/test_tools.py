@@ -19,6 +19,7 @@ from specdec.structured import StructuredOutputsParams
 from specdec.tools import (
     HermesParser,
     Llama3JsonParser,
+    PythonicParser,
     ToolCall,
     check_tool_choice,
     check_tools,
@@ -151,9 +152,23 @@ def test_the_llama3_json_parser():
     assert [parser.content_end(t) for t in ("", "  {", "<|py", "<|python_tag|>{", "Hi", " Hi {")] == [0, 0, 0, 0, 2, 5]
 
 
-@pytest.mark.parametrize("parser", [HermesParser, Llama3JsonParser])
+def test_the_pythonic_parser():
+    parser = PythonicParser()
+    content, calls = parser.parse('[get_weather(city="Oslo", days=[1, 2], exact=True), get_time()]')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo", "days": [1, 2], "exact": True}), ("get_time", {})]
+    assert parser.parse('<|python_start|>[f(a=None)]<|python_end|>')[1][0].arguments == '{"a": null}'
+    for text in ("It is sunny.", "[1, 2]", "[f(1)]", "[f(a=x)]", "[f(**k)]", "[f(a=1)", "[a.b(c=1)]",
+                 "[f(a=float('nan'))]"):
+        assert parser.parse(text) == (text, [])
+    assert [parser.content_end(t) for t in ("", " [f(", "<|py", "Hi", "Hi [")] == [0, 0, 0, 2, 4]
+    assert parser.content_end("[f(", 3) == 3
+
+
+@pytest.mark.parametrize("parser", [HermesParser, Llama3JsonParser, PythonicParser])
 @pytest.mark.parametrize("choice, text", [
     ("auto", '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {}}'),
+    ("auto", '[get_time(zone="UTC"), get_weather(city="Oslo")]'),
     ("auto", 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'),
     ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
     ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),

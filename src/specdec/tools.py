@@ -8,8 +8,8 @@ The output, by ``tool_choice`` (:func:`check_tool_choice`):
 
 - ``"none"``: text; the model still sees the tools.
 - ``"auto"`` (the default with tools): the model chooses; a tool-call parser (:data:`PARSERS`, the server's
-  ``--tool-call-parser``: Hermes' and Qwen's ``<tool_call>`` blocks, Llama 3's JSON) reads its calls out of the
-  text, and the text before the first call stays the content.
+  ``--tool-call-parser``: Hermes' and Qwen's ``<tool_call>`` blocks, Llama 3's JSON, Python-style call lists)
+  reads its calls out of the text, and the text before the first call stays the content.
 - ``"required"``: the output is constrained (:func:`schema`) to a JSON list of one or more calls
   ``[{"name": N, "parameters": {...}}]``, each an instance of its tool's schema (vLLM's form).
 - ``{"type": "function", "function": {"name": N}}``: the output is constrained to N's parameters schema, and
@@ -21,6 +21,7 @@ JSON text, as in OpenAI's API.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -240,7 +241,45 @@ class Llama3JsonParser:
         return len(text)
 
 
-PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+class PythonicParser:
+    """Calls written as a Python list of calls with keyword arguments, ``[get_weather(city="Oslo"), get_time()]``
+    (Llama 3.2 and 4, and other models vLLM's ``pythonic`` parser reads), optionally between ``<|python_start|>`` and
+    ``<|python_end|>``; an output that is not such a list is content. Argument values are Python literals (strings,
+    numbers, booleans, None, lists, dicts) and become JSON."""
+
+    OPEN, CLOSE = "<|python_start|>", "<|python_end|>"
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(None, calls)`` when the whole output is a list of calls, else ``(text, [])``."""
+        body = text.strip()
+        if body.startswith(self.OPEN):
+            body = body[len(self.OPEN):].removesuffix(self.CLOSE).strip()
+        if not (body.startswith("[") and body.endswith("]")):
+            return text, []
+        try:
+            tree = ast.parse(body, mode="eval").body
+            if not isinstance(tree, ast.List) or not all(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and not c.args for c in tree.elts):
+                return text, []
+            calls = [ToolCall(c.func.id, json.dumps({k.arg: ast.literal_eval(k.value) for k in c.keywords},
+                                                    ensure_ascii=False)) for c in tree.elts]
+        except (SyntaxError, ValueError, TypeError, RecursionError):  # not literals, **kwargs, NaN, too deep
+            return text, []
+        return None, calls
+
+    def content_end(self, text: str, start: int = 0) -> int:
+        """None of a partial output while it may be calls (blank, a list, the tag or its beginning); all of it once
+        it is not."""
+        if start:
+            return len(text)
+        begin = text.lstrip()
+        if not begin or begin[0] == "[" or begin.startswith(self.OPEN) or self.OPEN.startswith(begin):
+            return 0
+        return len(text)
+
+
+PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
+                                        "pythonic": PythonicParser}
 """Tool-call parsers by name (the server's ``--tool-call-parser``)."""
 
 
