@@ -169,6 +169,18 @@ class ToolParser(Protocol):
         its first ``start`` are (what was streamed before: a stream is read once)."""
 
 
+def _whole_output_end(text: str, start: int, opening: str, tag: str) -> int:
+    """``content_end`` of a parser whose calls are the whole output: none of a partial output while it may be calls
+    (blank, beginning with ``opening``, with ``tag`` or a beginning of it), all of it once it is not (so all of it
+    once some was content: ``start`` above 0)."""
+    if start:
+        return len(text)
+    begin = text.lstrip()
+    if not begin or begin[0] == opening or begin.startswith(tag) or tag.startswith(begin):
+        return 0
+    return len(text)
+
+
 class HermesParser:
     """Hermes' and Qwen's calls (Qwen 2.5 and 3, NousResearch Hermes 2 and 3): each a JSON object
     ``{"name": N, "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; the text before the first
@@ -231,14 +243,7 @@ class Llama3JsonParser:
         return None, calls
 
     def content_end(self, text: str, start: int = 0) -> int:
-        """How much of a partial output is surely content: none while it may be calls (blank, a JSON object, the
-        tag or its beginning), all of it once it is not (so all of it once some was content)."""
-        if start:
-            return len(text)
-        start = text.lstrip()
-        if not start or start[0] == "{" or start.startswith(self.TAG) or self.TAG.startswith(start):
-            return 0
-        return len(text)
+        return _whole_output_end(text, start, "{", self.TAG)
 
 
 class PythonicParser:
@@ -268,14 +273,7 @@ class PythonicParser:
         return None, calls
 
     def content_end(self, text: str, start: int = 0) -> int:
-        """None of a partial output while it may be calls (blank, a list, the tag or its beginning); all of it once
-        it is not."""
-        if start:
-            return len(text)
-        begin = text.lstrip()
-        if not begin or begin[0] == "[" or begin.startswith(self.OPEN) or self.OPEN.startswith(begin):
-            return 0
-        return len(text)
+        return _whole_output_end(text, start, "[", self.OPEN)
 
 
 PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
