@@ -34,6 +34,8 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A function's name, as OpenAI's API allows it (vLLM also allows dots)."""
 
 CHOICES = ("none", "auto", "required")
+FREE_CHOICES = ("none", "auto")
+"""The tool choices that leave the output unconstrained."""
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
@@ -107,7 +109,7 @@ def schema(choice: str, tools: list[dict[str, Any]] | None, parallel: bool = Tru
     """The JSON schema ``choice`` (:func:`check_tool_choice`'s) constrains the output to: for ``"required"`` a
     list of one or more ``{"name", "parameters"}`` calls (one alone unless ``parallel``), for a function its
     parameters; else None (no constraint)."""
-    if choice in ("none", "auto"):
+    if choice in FREE_CHOICES:
         return None
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},

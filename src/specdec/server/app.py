@@ -193,7 +193,8 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     app.state.specdec = state
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _add_error_handlers(app)
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_authorize_with(state))])
+    authorized = [Depends(_authorize_with(state))]
+    v1 = APIRouter(prefix="/v1", dependencies=authorized)
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:
@@ -287,7 +288,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         return await respond(request, Submission(state, prepared), req, head, chunk, opening, logprobs, body)
 
     app.include_router(v1)
-    tokens = APIRouter(dependencies=[Depends(_authorize_with(state))])  # vLLM's, beside /v1
+    tokens = APIRouter(dependencies=authorized)  # vLLM's, beside /v1
 
     @tokens.post("/tokenize")
     async def tokenize(request: Request) -> Response:

@@ -8,10 +8,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator, model_validator
 
+from specdec.chat import conversation_of
 from specdec.errors import SpecDecError
 from specdec.server.protocol import APIError, SamplingFields, StrictModel, check_logprobs
 from specdec.structured import StructuredOutputsParams
-from specdec.tools import check_tool_choice, check_tools
+from specdec.tools import FREE_CHOICES, check_tool_choice, check_tools
 from specdec.tools import schema as tool_schema
 
 
@@ -63,10 +64,13 @@ class ChatRendering(StrictModel):
     tools: list[dict[str, Any]] | None = None
 
     def conversation(self) -> list[dict[str, Any]]:
-        """The messages as :func:`specdec.chat.conversation_of` takes them."""
+        """The messages as :func:`specdec.chat.conversation_of` checks and returns them, or a 400."""
         if not self.messages:
             raise APIError(400, "messages is an empty list", param="messages")
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        try:
+            return conversation_of([m.model_dump(exclude_none=True) for m in self.messages])
+        except SpecDecError as exc:
+            raise APIError(400, str(exc), param="messages") from None
 
     def checked_tools(self) -> list[dict[str, Any]] | None:
         """``tools`` as :func:`specdec.tools.check_tools` returns them (None: none given), or a 400."""
@@ -112,7 +116,7 @@ class ChatRequest(SamplingFields, ChatRendering):
             raise APIError(400, str(exc), param="tool_choice") from None
 
     def constraint_source(self) -> str | None:
-        return "tools" if self.tool_choice_name() not in ("none", "auto") else super().constraint_source()
+        return "tools" if self.tool_choice_name() not in FREE_CHOICES else super().constraint_source()
 
     def constraint(self) -> StructuredOutputsParams | None:
         """A ``tool_choice`` of ``"required"`` or a function constrains the output to calls

@@ -178,22 +178,21 @@ def run_serve(args: argparse.Namespace) -> int:
                       deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share,
                       **kv_kwargs(args))
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
-    tools = dict(enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-                 reasoning_parser=args.reasoning_parser)
+    app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
+                      max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes,
+                      enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+                      reasoning_parser=args.reasoning_parser)
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
     if settings is not None:  # Ray Serve's proxy binds the port itself: only checked here
         for sock in sockets:
             sock.close()
-        app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
-                          max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes, **tools)
         return _run_replicas(args, settings, llm_kwargs, app_kwargs, f"{name!r} (target {model}; {what})", api_key)
     try:
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
         llm = LLM(**llm_kwargs)
-        app = create_app(llm, served_model_name=name, api_key=api_key or "", chat_template=template,
-                         max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes, **tools)
+        app = create_app(llm, **app_kwargs)
         listen(sockets, args.host, args.port)
     except BaseException:
         for sock in sockets:

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.chat import chat_prompt, conversation_of, has_template, render
+from specdec.chat import chat_prompt, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
@@ -156,10 +156,7 @@ class Preparer:
         req: ChatRequest = parse(ChatRequest, read_json(body, self.max_values))
         self._check_model(req.model)
         self._check_count(1, req.n)
-        try:
-            conversation = conversation_of(req.conversation())
-        except SpecDecError as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        conversation = req.conversation()
         tools = req.checked_tools()
         if req.tool_choice_name() == "auto" and not self.auto_tools:
             raise APIError(400, "tool_choice 'auto' (the default with tools) needs a server started with "
@@ -187,14 +184,7 @@ class Preparer:
         self._check_model(req.model)
         if self.llm.tokenizer is None:
             raise APIError(400, f"model {self.served_model_name!r} has no tokenizer", param="prompt")
-        if chat:
-            try:
-                conversation = conversation_of(req.conversation())
-            except SpecDecError as exc:
-                raise APIError(400, str(exc), param="messages") from None
-            text = self._render(req, conversation)
-        else:
-            text = req.prompt
+        text = self._render(req, req.conversation()) if chat else req.prompt
         self._check_bytes(len(text.encode("utf-8")), "messages" if chat else "prompt")
         tokens = self.llm.tokenizer(text, add_special_tokens=req.add_special_tokens)["input_ids"]
         return {"count": len(tokens), "max_model_len": self.llm.max_model_len, "tokens": tokens,
