@@ -60,6 +60,20 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def think_model_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
+    """A reasoning model's shape: the tiny tokenizer with ``<think>`` and ``</think>`` added as single tokens (as
+    DeepSeek-R1's and Qwen3's), a Llama target over its vocabulary and its first layer as a draft (``draft``)."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    target = build_model("llama", seed=7, vocab=len(tokenizer))
+    root = tmp_path_factory.mktemp("think_models")
+    for name, model in (("target", target), ("draft", truncated_copy(target, keep_layers=1))):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {"target": root / "target", "draft": root / "draft"}
+
+
+@pytest.fixture(scope="session")
 def text_model_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     """A Llama target and an identical draft whose folders hold the tokenizer too."""
     vocab = len(PreTrainedTokenizerFast.from_pretrained(tokenizer_dir))

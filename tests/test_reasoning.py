@@ -1,5 +1,6 @@
 """``--reasoning-parser``: a chat output split into ``reasoning_content`` and ``content`` (whole and streamed, every
-piece size giving the whole split), the answer going on to the tool-call parser, a constrained output all content."""
+piece size giving the whole split); a constrained output thinks first and its content is the constrained answer, a
+forced tool call is read from the answer."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 
 import httpx
 import pytest
-from test_server import SPEC, TEMPLATE, Served, draft_dir, make_llm  # noqa: F401
+from test_server import TEMPLATE, Served
+from test_tools import COMPACT, FORCED, TOOLS
 
-from specdec import SpecDecError
+from specdec import LLM
+from specdec.reasoning import PARSERS, ReasoningSplit
 from specdec.server import create_app
-from specdec.server.reasoning import PARSERS, ReasoningSplit
 
 CASES = [  # text, deepseek_r1's (reasoning, content), qwen3's
     ("plan</think>answer", ("plan", "answer"), ("", "plan</think>answer")),
@@ -43,9 +45,12 @@ def test_a_split_streamed_in_pieces_of_any_size_is_the_whole_split(text, r1, qwe
 
 
 @pytest.fixture(scope="module")
-def server(text_model_dirs, draft_dir):  # noqa: F811
-    served = Served(create_app(make_llm(text_model_dirs, draft_dir, SPEC), served_model_name="tiny", api_key="",
-                               chat_template=TEMPLATE, reasoning_parser="deepseek_r1"))
+def server(think_model_dirs):
+    """A reasoning model's shape (``<think>`` and ``</think>`` single tokens) with draft_model speculation."""
+    llm = LLM(think_model_dirs["target"], dtype="float64", max_num_seqs=4, reasoning_parser="deepseek_r1",
+              speculative_config={"method": "draft_model", "model": str(think_model_dirs["draft"]),
+                                  "num_speculative_tokens": 3})
+    served = Served(create_app(llm, served_model_name="tiny", api_key="", chat_template=TEMPLATE))
     yield served
     served.stop()
 
@@ -56,26 +61,53 @@ def post(server, body: dict) -> dict:
     return response.json()
 
 
+def streamed(server, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.root}/v1/chat/completions",
+                      json={"model": "tiny", "stream": True, **body}, timeout=60) as response:
+        return [c["delta"] for line in response.iter_lines() if line.startswith("data: {")
+                for c in json.loads(line[6:])["choices"]]
+
+
+def close_bias(server, bias: float) -> dict:
+    """``logit_bias`` on ``</think>``: a random model closes its thinking after a few tokens."""
+    tokenizer = server.state.llm.tokenizer
+    return {"logit_bias": {str(tokenizer.convert_tokens_to_ids("</think>")): bias}}
+
+
 def test_the_server_splits_thinking_from_the_answer(server):
-    """deepseek_r1: a random model's output never closes its thinking, so it is all reasoning, content null; streamed,
-    the reasoning deltas add up to it; a constrained output is all content."""
+    """deepseek_r1: a random model's output that never closes its thinking is all reasoning, content null; streamed,
+    the reasoning deltas add up to it."""
     body = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 12, "temperature": 0,
             "ignore_eos": True}
     message = post(server, body)["choices"][0]["message"]
     assert message["content"] is None and len(message["reasoning_content"]) > 0
-    with httpx.stream("POST", f"{server.root}/v1/chat/completions",
-                      json={"model": "tiny", "stream": True, **body}, timeout=60) as response:
-        deltas = [c["delta"] for line in response.iter_lines() if line.startswith("data: {")
-                  for c in json.loads(line[6:])["choices"]]
+    deltas = streamed(server, body)
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
     assert "".join(d.get("content") or "" for d in deltas) == ""
-    constrained = post(server, {**body, "guided_choice": ["yes", "no"]})["choices"][0]["message"]
-    assert constrained["content"] in ("yes", "no") and "reasoning_content" not in constrained
 
 
-def test_an_unknown_parser_is_refused(text_model_dirs, draft_dir):  # noqa: F811
-    with pytest.raises(SpecDecError, match="unknown reasoning parser 'r2'"):
-        create_app(make_llm(text_model_dirs, draft_dir, SPEC), reasoning_parser="r2")
+def test_a_constrained_answer_follows_the_thinking(server):
+    """The constraint holds for the content after </think>; the thinking before it is free: whole and streamed."""
+    body = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 30, "temperature": 0,
+            "guided_choice": ["yes", "no"], **close_bias(server, 0.2)}
+    answer = post(server, body)["choices"][0]
+    message = answer["message"]
+    assert message["content"] in ("yes", "no") and answer["finish_reason"] == "stop", answer
+    assert len(message["reasoning_content"]) > 0 and "</think>" not in message["reasoning_content"]
+    deltas = streamed(server, body)
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+
+
+def test_a_forced_tool_call_follows_the_thinking(server):
+    body = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 40, "temperature": 0,
+            "tools": TOOLS, "tool_choice": FORCED, **COMPACT, **close_bias(server, 0.2)}
+    answer = post(server, body)["choices"][0]
+    message = answer["message"]
+    assert len(message["reasoning_content"]) > 0, answer
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Oslo", "Lima")
 
 
 def test_an_assistants_reasoning_reaches_the_template(server):

@@ -42,6 +42,7 @@ from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, r
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput
 from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
+from specdec.reasoning import check_reasoning_parser
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
@@ -91,7 +92,10 @@ class LLM(metaclass=VLLMNames):
     plain greedy decoding bit for bit in any dtype; sampled rows draw noise keyed by their seed and each
     token's index (:mod:`specdec.keyed_noise`), so a seeded request's tokens are also those plain decoding
     samples with that seed, whatever the method drafted; a target that cannot run so raises
-    :class:`SpecDecError`.
+    :class:`SpecDecError`. ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"`` (vLLM's names,
+    :mod:`specdec.reasoning`): a constrained request's constraint holds for the answer after the model's
+    thinking, which runs free until ``</think>`` (:mod:`specdec.structured.thinking`); without it, from the
+    output's first token.
     """
 
     vllm_names = (VLLM_NEUTRAL, {
@@ -119,11 +123,14 @@ class LLM(metaclass=VLLMNames):
         deterministic: bool = False,
         serving: bool = False,
         prefill_share: float | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         enable_chunked_prefill, enable_prefix_caching = check_arguments(
             max_num_seqs, max_model_len, seed, enable_chunked_prefill=enable_chunked_prefill, serving=serving,
             enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager, deterministic=deterministic)
         KVBudget.check(kv_cache_memory, gpu_memory_utilization)  # before the weights load
+        check_reasoning_parser(reasoning_parser)
+        self.reasoning_parser = reasoning_parser
         if speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
             speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config = speculative_config
@@ -240,7 +247,8 @@ class LLM(metaclass=VLLMNames):
 
     def _grammars(self) -> GrammarCache:
         if self._grammar_cache is None:
-            self._grammar_cache = GrammarCache(self.tokenizer, self.target.vocab_size, self._eos_ids)
+            self._grammar_cache = GrammarCache(self.tokenizer, self.target.vocab_size, self._eos_ids,
+                                               self.reasoning_parser)
         return self._grammar_cache
 
     def _grammar(self, params: SamplingParams) -> tuple[GrammarState | None, float]:

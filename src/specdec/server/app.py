@@ -32,6 +32,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.outputs import TokenLogprobDict
+from specdec.reasoning import PARSERS as REASONING
+from specdec.reasoning import ReasoningSplit
 from specdec.server.logprobs import (
     chat_logprobs,
     completion_logprobs,
@@ -40,8 +42,6 @@ from specdec.server.logprobs import (
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, error_body, new_id, now
-from specdec.server.reasoning import PARSERS as REASONING
-from specdec.server.reasoning import ReasoningSplit, with_reasoning
 from specdec.server.respond import Choice, Submission, respond
 from specdec.server.tool_calls import ToolOutput
 from specdec.server.worker import EngineWorker, ShuttingDown
@@ -140,8 +140,7 @@ class BodyLimit:
 def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
                chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None,
-               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None) -> FastAPI:
+               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
     """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
 
     ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
@@ -151,12 +150,10 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     ``max_prompt_bytes``: text prompt limit (default 32 bytes per token of ``max_model_len``; see
     :mod:`specdec.server.prepare` for every limit). ``enable_auto_tool_choice``: serve chat's ``tool_choice``
     ``"auto"``, whose calls ``tool_call_parser`` (a name of :data:`specdec.tools.PARSERS`) reads out of the text
-    (vLLM's two flags; :mod:`specdec.server.tool_calls`). ``reasoning_parser``: split chat outputs into
-    ``reasoning_content`` and ``content`` (a name of :data:`specdec.server.reasoning.PARSERS`).
+    (vLLM's two flags; :mod:`specdec.server.tool_calls`). With ``llm.reasoning_parser``, chat outputs are split
+    into ``reasoning_content`` and ``content`` (:mod:`specdec.reasoning`), constrained ones too: their constraint
+    holds for the answer.
     """
-    if reasoning_parser is not None and reasoning_parser not in REASONING:
-        raise SpecDecError(f"unknown reasoning parser {reasoning_parser!r}: specdec has "
-                           f"{', '.join(sorted(REASONING))}")
     parser = None if tool_call_parser is None else tool_parser(tool_call_parser)
     if enable_auto_tool_choice and parser is None:
         raise SpecDecError(f"enable_auto_tool_choice needs a tool-call parser to read the calls: give "
@@ -260,14 +257,13 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         req = prepared.request
         num_top = req.top_logprobs or 0
         outputs = [ToolOutput(req.tool_choice_name(), parser, req.parallel_tool_calls) for _ in range(req.n)]
-        # a constrained output is all content: the constraint holds from its first token
-        thinking = [ReasoningSplit(REASONING[reasoning_parser]) for _ in range(req.n)] if (
-            reasoning_parser is not None and req.constraint() is None) else None
+        thinking = None if llm.reasoning_parser is None else [
+            ReasoningSplit(REASONING[llm.reasoning_parser]) for _ in range(req.n)]
 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
             reasoning, text = ("", text) if thinking is None else thinking[index].feed(text, finish is not None)
             delta, finish = outputs[index].delta(text, finish)
-            return {"index": index, "delta": with_reasoning(delta, reasoning), "logprobs": logprobs,
+            return {"index": index, "delta": _with_reasoning(delta, reasoning), "logprobs": logprobs,
                     "finish_reason": finish}
 
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
@@ -280,7 +276,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
             shaped = outputs[index].message(text, finish)
             if reasoning is not None and not shaped["message"]["content"]:
                 shaped["message"]["content"] = None  # thinking alone: no answer
-            return {**shaped, "message": with_reasoning(shaped["message"], reasoning)}
+            return {**shaped, "message": _with_reasoning(shaped["message"], reasoning)}
 
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
@@ -341,3 +337,8 @@ def default_llm() -> LLM:
     target, draft = require_default_pair()
     return LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft),
                                                 "num_speculative_tokens": 4}, serving=True)
+
+
+def _with_reasoning(fields: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
+    """A message or delta with ``reasoning_content`` first, where there is any."""
+    return {"reasoning_content": reasoning, **fields} if reasoning else fields

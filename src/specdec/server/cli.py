@@ -30,7 +30,7 @@ from specdec.generate_cli import (
     kv_kwargs,
     speculative_config_json,
 )
-from specdec.server.reasoning import PARSERS as REASONING
+from specdec.reasoning import PARSERS as REASONING
 from specdec.tools import PARSERS
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
@@ -87,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reasoning-parser", choices=sorted(REASONING),
                    help="split chat outputs into reasoning_content (the thinking between <think> and </think>) and "
                    "content: deepseek_r1 (output starts thinking: DeepSeek-R1, its distills, QwQ) or qwen3 (thinks "
-                   "when it opens <think>)")
+                   "when it opens <think>); a constraint (response_format, a forced tool call) then holds for the "
+                   "answer after the thinking")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
                    help="how the model writes its tool calls: hermes (<tool_call>{...}</tool_call>: Qwen 2.5 and 3, "
                    "Hermes 2 and 3), llama3_json (a JSON call, or several separated by ';': Llama 3.1 to 3.3) or "
@@ -176,12 +177,11 @@ def run_serve(args: argparse.Namespace) -> int:
                       enable_chunked_prefill=args.enable_chunked_prefill,
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       deterministic=args.deterministic, serving=True, prefill_share=args.prefill_share,
-                      **kv_kwargs(args))
+                      reasoning_parser=args.reasoning_parser, **kv_kwargs(args))
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
                       max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes,
-                      enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-                      reasoning_parser=args.reasoning_parser)
+                      enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
     if settings is not None:  # Ray Serve's proxy binds the port itself: only checked here

@@ -17,7 +17,9 @@ from collections import OrderedDict
 from typing import Any
 
 from specdec.errors import SpecDecError
+from specdec.reasoning import PARSERS
 from specdec.structured.params import StructuredOutputsParams
+from specdec.structured.thinking import after_thinking
 
 INSTALL_HINT = ('structured output needs the llguidance package: pip install "specdec[structured]" '
                 "(or pip install llguidance)")
@@ -51,9 +53,14 @@ class GrammarCache:
 
     A compiled constraint is probed before it is cached (:func:`_probe`), so that a constraint that matches no
     text, or one past llguidance's resource limits, is a SpecDecError when the request is submitted instead of
-    an empty output or a failure mid-generation."""
+    an empty output or a failure mid-generation.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+    ``reasoning_parser`` (a name of :data:`specdec.reasoning.PARSERS`): each constraint holds for the answer after
+    the model's thinking (:func:`specdec.structured.thinking.after_thinking`); the answer's grammar alone is what
+    is probed."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int],
+                 reasoning_parser: str | None = None) -> None:
         lib = llguidance()
         if tokenizer is None:
             raise SpecDecError("structured output needs the model's tokenizer (prompts given as token ids are fine, "
@@ -67,6 +74,8 @@ class GrammarCache:
             raise SpecDecError(f"structured output cannot use this tokenizer: {exc}") from None
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
+        self._hf_tokenizer = tokenizer
+        self.opens_inside = None if reasoning_parser is None else PARSERS[reasoning_parser]
         self._cache: OrderedDict[tuple[str, str, bool], list] = OrderedDict()  # [matcher, unreported s]
 
     def compile(self, params: StructuredOutputsParams) -> float:
@@ -123,6 +132,13 @@ class GrammarCache:
         if matcher.is_error():
             raise compile_error(what, matcher.get_error())
         _probe(matcher, what, self.eos_ids)
+        if self.opens_inside is None:
+            return matcher
+        grammar = after_thinking(grammar, self.opens_inside, self._hf_tokenizer, self.eos_ids)
+        failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
+        matcher = None if failed else lib.LLMatcher(self.tokenizer, grammar, log_level=0, limits=limits)
+        if failed or matcher.is_error():
+            raise compile_error(f"{what} after the thinking", messages[0] if failed else matcher.get_error())
         return matcher
 
 

@@ -1,7 +1,6 @@
-"""Reasoning models' thinking, apart from their answer: the server's ``--reasoning-parser`` (vLLM's flag) splits a
-chat output into ``reasoning_content`` (what the model wrote between ``<think>`` and ``</think>``) and ``content``.
-
-Two parsers, by how the model opens its thinking:
+"""Reasoning models' thinking, apart from their answer: ``reasoning_parser`` (vLLM's name, an ``LLM`` argument and the
+server's ``--reasoning-parser``) says where a model's output thinks (between ``<think>`` and ``</think>``) and where it
+answers. Two parsers, by how the model opens its thinking:
 
 - ``deepseek_r1`` (DeepSeek-R1 and its distills, QwQ): the output starts inside the thinking (the template opens
   ``<think>``; a leading ``<think>`` the model writes itself is dropped) and ends it with ``</think>``; an output
@@ -9,19 +8,25 @@ Two parsers, by how the model opens its thinking:
 - ``qwen3`` (Qwen3, whose thinking can be switched off): an output that opens with ``<think>`` thinks until
   ``</think>``; any other output is all content.
 
-The answer after ``</think>`` then goes on to the tool-call parser, if any (:mod:`specdec.server.tool_calls`). A
-constrained output (structured output, a forced tool call) is all content: the constraint applies from its first
-token, so it holds no thinking.
+Two things read it: the server splits a chat output into ``reasoning_content`` and ``content``
+(:class:`ReasoningSplit`; the answer then goes on to the tool-call parser, if any), and a constrained request's
+constraint holds for the answer only, the thinking before it being free (:mod:`specdec.structured.thinking`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from specdec.errors import SpecDecError
 
 OPEN, CLOSE = "<think>", "</think>"
 
 PARSERS = {"deepseek_r1": True, "qwen3": False}
 """Reasoning parsers by name: whether the output starts inside the thinking."""
+
+
+def check_reasoning_parser(name: object) -> None:
+    """A :class:`SpecDecError` unless ``name`` is None or a name of :data:`PARSERS`."""
+    if name is not None and name not in PARSERS:
+        raise SpecDecError(f"unknown reasoning parser {name!r}: specdec has {', '.join(sorted(PARSERS))}")
 
 
 def _held(text: str, tag: str) -> int:
@@ -101,7 +106,3 @@ class ReasoningSplit:
             content, self.sent[1] = text[self.sent[1]:], len(text)
         return reasoning, content
 
-
-def with_reasoning(fields: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
-    """A message or delta with ``reasoning_content`` first, where there is any."""
-    return {"reasoning_content": reasoning, **fields} if reasoning else fields
