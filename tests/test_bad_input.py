@@ -119,8 +119,8 @@ def test_vllms_neutral_llm_arguments_are_accepted_and_others_named(model_dirs):
                            "(vLLM's 'suffix_decoding_min_token_prob': the closest here is 'suffix_min_prob')")]:
         with pytest.raises(SpecDecError, match=re.escape(words)):
             LLM(target, dtype="float64", **kwargs)
-    with pytest.raises(SpecDecError, match="LLM takes at most 18 positional arguments"):
-        LLM(*range(19))
+    with pytest.raises(SpecDecError, match="LLM takes at most 19 positional arguments"):
+        LLM(*range(20))
 
 
 def test_max_tokens_none_generates_what_the_context_leaves(llm):
