@@ -6,12 +6,14 @@ grow with the output."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specdec import LLM, SamplingParams
 from specdec.text import IncrementalText, TextTracker
 
 TRIALS = 30
@@ -56,19 +58,20 @@ def tokenizers_under_test(tokenizer_dir) -> dict[str, PreTrainedTokenizerFast]:
             "metaspace": _sentencepiece(False), "wordpiece": _wordpiece()}
 
 
+@pytest.mark.parametrize("skip", [True, False])
 @pytest.mark.parametrize("name", ["byte_level", "sentencepiece", "metaspace", "wordpiece"])
-def test_the_text_is_the_whole_decode_after_every_append(tokenizer_dir, name):
+def test_the_text_is_the_whole_decode_after_every_append(tokenizer_dir, name, skip):
     tokenizer = tokenizers_under_test(tokenizer_dir)[name]
     rng = random.Random(0)
     vocab = len(tokenizer)
     special = sorted(tokenizer.all_special_ids)
     for trial in range(TRIALS):
-        text, ids = IncrementalText(tokenizer), []
+        text, ids = IncrementalText(tokenizer, skip_special_tokens=skip), []
         while len(ids) < 120:
             chunk = [rng.choice(special) if rng.random() < 0.08 else rng.randrange(vocab)
                      for _ in range(rng.randint(1, 5))]
             ids += chunk
-            assert text.append(chunk) == tokenizer.decode(ids, skip_special_tokens=True), (name, trial, ids)
+            assert text.append(chunk) == tokenizer.decode(ids, skip_special_tokens=skip), (name, trial, ids)
 
 
 def test_a_tracker_streams_what_the_whole_decode_holds(tokenizer_dir):
@@ -104,3 +107,18 @@ def test_an_append_costs_the_same_late_in_a_long_output(tokenizer_dir):
         text.append(ids[i:i + 2])
     assert max(calls[len(calls) // 2:]) <= 16, "late appends decode only a window of tokens"
     assert text.text == decode(ids, skip_special_tokens=True)
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(text_model_dirs):
+    """vLLM's ``skip_special_tokens``: the end-of-sequence token, made likely and not a stop (ignore_eos), is in the
+    text only when special tokens are kept; whole, streamed and with a stop string alike."""
+    llm = LLM(text_model_dirs["target"], dtype="float64")
+    eos = llm.tokenizer.eos_token_id
+    for skip in (True, False):
+        params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logit_bias={eos: 50.0},
+                                skip_special_tokens=skip)
+        whole = llm.generate(["def"], params)[0].outputs[0].text
+        streamed = "".join(piece.text for piece in llm.stream("def", params))
+        stopped = llm.generate(["def"], dataclasses.replace(params, stop=["zzz"]))[0].outputs[0].text
+        expected = "" if skip else "<|endoftext|>" * 5
+        assert whole == streamed == stopped == expected, skip

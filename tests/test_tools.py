@@ -6,6 +6,7 @@ decoding's; every bad tool, choice or message is a 400 naming its field (a :clas
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -19,6 +20,7 @@ from specdec.structured import StructuredOutputsParams
 from specdec.tools import (
     HermesParser,
     Llama3JsonParser,
+    MistralParser,
     PythonicParser,
     ToolCall,
     check_tool_choice,
@@ -165,11 +167,44 @@ def test_the_pythonic_parser():
     assert parser.content_end("[f(", 3) == 3
 
 
-@pytest.mark.parametrize("parser", [HermesParser, Llama3JsonParser, PythonicParser])
+MISTRAL_ID = re.compile("[A-Za-z0-9]{9}")
+
+
+def test_the_mistral_parser():
+    parser = MistralParser()
+    content, calls = parser.parse('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+                                  '{"name": "get_time", "arguments": {"zone": "UTC"}}]')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "UTC"})]
+    assert all(MISTRAL_ID.fullmatch(c.id) for c in calls) and calls[0].id != calls[1].id
+    content, calls = parser.parse('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time'
+                                  '[ARGS]{}')
+    assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Oslo"}'), ("get_time", "{}")]
+    for text in ("It is sunny.", "[TOOL_CALLS]", "[TOOL_CALLS]{broken", "[TOOL_CALLS]bad name[ARGS]{}",
+                 "[TOOL_CALLS]f[ARGS]{", "[TOOL_CALLS][]", '[TOOL_CALLS][{"city": "Oslo"}]'):
+        assert parser.parse(text) == (text, [])
+    assert [parser.content_end(t) for t in ("", "Hi", "Hi [TOOL", "Hi [TOOL_CALLS][{")] == [0, 2, 3, 3]
+
+
+def test_every_call_has_the_parsers_id_form():
+    """Mistral's templates refuse ids that are not nine letters and digits: with its parser, forced and required
+    calls get such ids too."""
+    forced = ToolOutput("get_weather", MistralParser(), True).message('{"city": "Lima"}', "stop")
+    required = ToolOutput("required", MistralParser(), True).message('[{"name": "f", "parameters": {}}]', "stop")
+    for message in (forced, required):
+        assert MISTRAL_ID.fullmatch(message["message"]["tool_calls"][0]["id"]), message
+    assert ToolOutput("get_weather", HermesParser(), True).message("{}", "stop")["message"]["tool_calls"][0][
+        "id"].startswith("call_")
+
+
+@pytest.mark.parametrize("parser", [HermesParser, Llama3JsonParser, PythonicParser, MistralParser])
 @pytest.mark.parametrize("choice, text", [
     ("auto", '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {}}'),
     ("auto", '[get_time(zone="UTC"), get_weather(city="Oslo")]'),
     ("auto", 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'),
+    ("auto", 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+    ("auto", '[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'),
     ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
     ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),
     ("get_weather", '{"city": "Lima"}')])
@@ -333,6 +368,21 @@ def test_bad_tools_are_a_400_naming_the_field(server, extra, param, words):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_the_mistral_parser_reads_special_tokens(text_model_dirs, draft_dir):  # noqa: F811
+    """Mistral's tags are special tokens: with its parser, an auto tool choice's text keeps special tokens (here the
+    end-of-sequence token, made likely and not a stop with ignore_eos), where other requests' text leaves them out."""
+    served = Served(create_app(make_llm(text_model_dirs, draft_dir, PLAIN), served_model_name="tiny", api_key="",
+                               chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="mistral"))
+    try:
+        eos = served.state.llm.tokenizer.eos_token_id
+        body = {"messages": ASK, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logit_bias": {str(eos): 50}}
+        auto = post(None, {**body, "tools": TOOLS}, served.root).json()["choices"][0]["message"]["content"]
+        plain = post(None, body, served.root).json()["choices"][0]["message"]["content"]
+        assert auto == "<|endoftext|>" * 6 and plain == "", (auto, plain)
+    finally:
+        served.stop()
 
 
 def test_auto_needs_the_servers_parser(text_model_dirs, draft_dir):  # noqa: F811

@@ -282,7 +282,8 @@ class LLM(metaclass=VLLMNames):
             seq.bad_words = self._bad_word_ids(params.bad_words)
             request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
-                                                       include_stop=params.include_stop_str_in_output),
+                                                       include_stop=params.include_stop_str_in_output,
+                                                       skip_special_tokens=params.skip_special_tokens),
                                arrival=time.perf_counter() if arrival is None else arrival)
             self._inflight.add(request)
             self.scheduler.add(seq)

@@ -69,9 +69,8 @@ def check_text(text: str, what: str) -> None:
 
 
 VLLM_NEUTRAL = {
-    "best_of": (None, 1), "detokenize": (True,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "logits_processors": (None, []),
-    "truncate_prompt_tokens": (None,), "extra_args": (None, {}),
+    "best_of": (None, 1), "detokenize": (True,), "spaces_between_special_tokens": (True,),
+    "logits_processors": (None, []), "truncate_prompt_tokens": (None,), "extra_args": (None, {}),
 }
 """vLLM's ``SamplingParams`` fields that specdec does not implement, with the values that change nothing: given
 so, they are accepted (code written for vLLM runs); given otherwise, :class:`SpecDecError` names them."""
@@ -101,6 +100,8 @@ class SamplingParams(metaclass=VLLMNames):
     :mod:`specdec.min_tokens`).
     ``include_stop_str_in_output``: the text keeps the stop string, or the stop token's text, that ended it (by
     default both are left out, as in vLLM; the stop token is among the output's ``token_ids`` either way).
+    ``skip_special_tokens``: the text leaves special tokens out (vLLM's default); False keeps them (a chat
+    template's tags, a model's tool-call token), the stop token's text still left out as above.
 
     ``n``: outputs per prompt (``LLM.generate`` and ``chat``; a seeded request's output ``i`` samples with
     ``seed + i``, so output 0 is what ``n=1`` returns). ``presence_penalty`` and ``frequency_penalty`` (in
@@ -132,6 +133,7 @@ class SamplingParams(metaclass=VLLMNames):
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     allowed_token_ids: tuple[int, ...] | list[int] | None = None
     bad_words: tuple[str, ...] | list[str] | None = None
+    skip_special_tokens: bool = True
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
     vllm_names = (VLLM_NEUTRAL, {"guided_decoding": " (vLLM's earlier name of structured_outputs)"},
                   "field")  # not a field: no annotation
@@ -151,6 +153,8 @@ class SamplingParams(metaclass=VLLMNames):
             raise SpecDecError(f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SpecDecError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise SpecDecError(f"skip_special_tokens must be True or False, got {self.skip_special_tokens!r}")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise SpecDecError(f"include_stop_str_in_output must be True or False, got "
                                f"{self.include_stop_str_in_output!r}")

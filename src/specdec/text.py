@@ -9,7 +9,7 @@ CONTEXT = 4
 
 
 class IncrementalText:
-    """The text of a growing list of token ids, ``tokenizer.decode(ids, skip_special_tokens=True)``, kept up to date
+    """The text of a growing list of token ids, ``tokenizer.decode(ids, skip_special_tokens=...)``, kept up to date
     in work that does not grow with the list (decoding all of it at every token costs quadratic time: 3 s of a
     2-core CPU over a 4,000-token stream, all on the engine's step).
 
@@ -25,8 +25,9 @@ class IncrementalText:
     what the whole decode is.
     """
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         self.text = ""
         self._committed = ""  # the text of ids[:_read]
@@ -37,17 +38,18 @@ class IncrementalText:
         self._skipped = frozenset(getattr(tokenizer, "all_special_ids", ()))
         self._piece = getattr(tokenizer, "convert_ids_to_tokens", lambda _: None)
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int]) -> str:
+        """``ids`` decoded alone, as this text decodes them."""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def append(self, ids: list[int]) -> str:
         """Add ``ids``; returns the whole text."""
         self.ids.extend(ids)
-        window = self._decode(self.ids[self._start:])
+        window = self.decode(self.ids[self._start:])
         if window.startswith(self._context):
             self.text = self._committed + window[len(self._context):]
         else:
-            self.text = self._decode(self.ids)
+            self.text = self.decode(self.ids)
         if self.text != self._committed and not self.text.endswith("\ufffd"):
             self._committed, self._read = self.text, len(self.ids)
             start, self._context = self._read, ""
@@ -55,7 +57,7 @@ class IncrementalText:
                 start = max(0, start - CONTEXT)
                 while start > 0 and self._in_run(start - 1) and self._in_run(start):
                     start -= 1
-                self._context = self._decode(self.ids[start:self._read])
+                self._context = self.decode(self.ids[start:self._read])
             self._start = start
         return self.text
 
@@ -91,7 +93,7 @@ class TextTracker:
     """
 
     def __init__(self, tokenizer, stop_strings: tuple[str, ...], streaming: bool, min_tokens: int = 0,
-                 include_stop: bool = False) -> None:
+                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = stop_strings
         self.min_tokens = min_tokens
@@ -100,7 +102,7 @@ class TextTracker:
         self.streaming = streaming
         # A stop string may start this many characters before a new token's text.
         self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
-        self._text = IncrementalText(tokenizer)
+        self._text = IncrementalText(tokenizer, skip_special_tokens)
         self.token_ids = self._text.ids
         self.text = ""
         self.stopped = False
@@ -143,7 +145,7 @@ class TextTracker:
     def finish(self) -> str:
         """The final text (decoded now if nothing required it earlier)."""
         if self.tokenizer is not None and not self.streaming and not self.stop_strings:
-            self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            self.text = self._text.decode(self.token_ids)
         return self.text
 
     def delta(self, final: bool) -> str:

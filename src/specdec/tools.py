@@ -8,8 +8,9 @@ The output, by ``tool_choice`` (:func:`check_tool_choice`):
 
 - ``"none"``: text; the model still sees the tools.
 - ``"auto"`` (the default with tools): the model chooses; a tool-call parser (:data:`PARSERS`, the server's
-  ``--tool-call-parser``: Hermes' and Qwen's ``<tool_call>`` blocks, Llama 3's JSON, Python-style call lists)
-  reads its calls out of the text, and the text before the first call stays the content.
+  ``--tool-call-parser``: Hermes' and Qwen's ``<tool_call>`` blocks, Llama 3's JSON, Python-style call lists,
+  Mistral's ``[TOOL_CALLS]``) reads its calls out of the text, and the text before the first call stays the
+  content.
 - ``"required"``: the output is constrained (:func:`schema`) to a JSON list of one or more calls
   ``[{"name": N, "parameters": {...}}]``, each an instance of its tool's schema (vLLM's form).
 - ``{"type": "function", "function": {"name": N}}``: the output is constrained to N's parameters schema, and
@@ -24,6 +25,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
+import string
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -119,9 +122,20 @@ def schema(choice: str, tools: list[dict[str, Any]] | None, parallel: bool = Tru
     return _parameters(next(t for t in tools or () if t["function"]["name"] == choice))
 
 
+def openai_call_id() -> str:
+    """A call's id as OpenAI's API writes them: ``call_`` and 24 hexadecimal digits."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def mistral_call_id() -> str:
+    """A call's id as Mistral's chat templates require them (they refuse any other): nine letters and digits."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the model made: the function's ``name`` and its ``arguments`` as JSON text."""
+    """One call the model made: the function's ``name``, its ``arguments`` as JSON text and its ``id`` (default
+    :func:`openai_call_id`'s)."""
 
     name: str
     arguments: str
@@ -129,7 +143,7 @@ class ToolCall:
 
     def __post_init__(self) -> None:
         if not self.id:
-            object.__setattr__(self, "id", f"call_{uuid.uuid4().hex[:24]}")
+            object.__setattr__(self, "id", openai_call_id())
 
     def openai(self, index: int | None = None) -> dict[str, Any]:
         """OpenAI's shape (``index``: the call's place, in a streamed delta)."""
@@ -137,9 +151,9 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def required_calls(text: str) -> list[ToolCall] | None:
+def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] | None:
     """The calls of a ``"required"`` output (a JSON list of ``{"name", "parameters"}``), or None where the text is
-    not one (an output cut at ``max_tokens``)."""
+    not one (an output cut at ``max_tokens``); ``call_id`` makes their ids."""
     try:
         items = json.loads(text)
     except ValueError:
@@ -147,7 +161,7 @@ def required_calls(text: str) -> list[ToolCall] | None:
     if not isinstance(items, list) or not items or not all(
             isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i for i in items):
         return None
-    return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
+    return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False), call_id()) for i in items]
 
 
 def _call_of(value: Any) -> ToolCall:
@@ -161,7 +175,13 @@ def _call_of(value: Any) -> ToolCall:
 
 
 class ToolParser(Protocol):
-    """How one family of models writes its calls."""
+    """How one family of models writes its calls. ``special_tokens``: the calls are marked by special tokens, so
+    the text they are read from keeps them (``skip_special_tokens`` off, as vLLM's parsers that need it ask);
+    ``call_id``: makes the ids of the calls the model makes (any call, with this parser: the ids go back into
+    the model's own template on a later turn)."""
+
+    special_tokens: bool
+    call_id: Any
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of a whole output (content None where there is none)."""
@@ -183,12 +203,26 @@ def _whole_output_end(text: str, start: int, opening: str, tag: str) -> int:
     return len(text)
 
 
+def _tag_content_end(text: str, start: int, tag: str) -> int:
+    """``content_end`` of a parser whose calls follow content and begin with ``tag``: up to the first ``tag``, or
+    short of an ending that may begin one."""
+    found = text.find(tag, start)
+    if found >= 0:
+        return found
+    for keep in range(min(len(tag) - 1, len(text) - start), 0, -1):
+        if tag.startswith(text[-keep:]):
+            return len(text) - keep
+    return len(text)
+
+
 class HermesParser:
     """Hermes' and Qwen's calls (Qwen 2.5 and 3, NousResearch Hermes 2 and 3): each a JSON object
     ``{"name": N, "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; the text before the first
     call is the content."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    special_tokens = False
+    call_id = staticmethod(openai_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of an output (content None where only blanks come before the calls); text whose
@@ -208,15 +242,7 @@ class HermesParser:
         return content if content.strip() else None, calls
 
     def content_end(self, text: str, start: int = 0) -> int:
-        """How much of a partial output is surely content: up to its first call, or short of an ending that may
-        begin one."""
-        found = text.find(self.OPEN, start)
-        if found >= 0:
-            return found
-        for keep in range(min(len(self.OPEN) - 1, len(text) - start), 0, -1):
-            if self.OPEN.startswith(text[-keep:]):
-                return len(text) - keep
-        return len(text)
+        return _tag_content_end(text, start, self.OPEN)
 
 
 class Llama3JsonParser:
@@ -225,6 +251,8 @@ class Llama3JsonParser:
     content."""
 
     TAG = "<|python_tag|>"
+    special_tokens = False
+    call_id = staticmethod(openai_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of an output: ``(None, calls)`` when all of it is well-formed calls, else
@@ -255,6 +283,8 @@ class PythonicParser:
     numbers, booleans, None, lists, dicts) and become JSON."""
 
     OPEN, CLOSE = "<|python_start|>", "<|python_end|>"
+    special_tokens = False
+    call_id = staticmethod(openai_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(None, calls)`` when the whole output is a list of calls, else ``(text, [])``."""
@@ -278,8 +308,51 @@ class PythonicParser:
         return _whole_output_end(text, start, "[", self.OPEN)
 
 
+class MistralParser:
+    """Mistral's calls (Mistral 7B Instruct v0.3, Nemo, Small, Large): the special token ``[TOOL_CALLS]`` and then
+    a JSON list of ``{"name": N, "arguments": {...}}`` (tokenizers before v11), or each call after its own
+    ``[TOOL_CALLS]`` as ``N[ARGS]{...}`` (v11 on, ``[ARGS]`` a special token too); the text before the first
+    ``[TOOL_CALLS]`` is the content. Its ids are :func:`mistral_call_id`'s: Mistral's templates refuse others."""
+
+    TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    special_tokens = True
+    call_id = staticmethod(mistral_call_id)
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """``(content, calls)`` of an output (content None where only blanks come before the calls); text whose
+        calls are not all well-formed is all content."""
+        start = text.find(self.TAG)
+        if start < 0:
+            return text, []
+        calls = []
+        try:
+            for block in text[start + len(self.TAG):].split(self.TAG):
+                calls += self._calls(block.strip())
+        except ValueError:
+            return text, []
+        content = text[:start]
+        return (content if content.strip() else None, calls) if calls else (text, [])
+
+    def _calls(self, block: str) -> list[ToolCall]:
+        """The calls of one ``[TOOL_CALLS]`` block; ValueError where it holds none well-formed."""
+        if self.ARGS in block:
+            name, arguments = block.split(self.ARGS, 1)
+            if not NAME.fullmatch(name.strip()):
+                raise ValueError(f"not a function name: {_short(name)}")
+            json.loads(arguments)
+            return [ToolCall(name.strip(), arguments.strip(), self.call_id())]
+        value = json.loads(block)
+        calls = [_call_of(item) for item in (value if isinstance(value, list) else [value])]
+        if not calls:
+            raise ValueError("no calls")
+        return [ToolCall(c.name, c.arguments, self.call_id()) for c in calls]
+
+    def content_end(self, text: str, start: int = 0) -> int:
+        return _tag_content_end(text, start, self.TAG)
+
+
 PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
-                                        "pythonic": PythonicParser}
+                                        "pythonic": PythonicParser, "mistral": MistralParser}
 """Tool-call parsers by name (the server's ``--tool-call-parser``)."""
 
 

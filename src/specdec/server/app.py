@@ -171,7 +171,7 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     metrics = ServerMetrics(name)
     metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler, llm.latencies)
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes,
-                        enable_auto_tool_choice)
+                        parser if enable_auto_tool_choice else None)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)
 

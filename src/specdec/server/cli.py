@@ -91,8 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "answer after the thinking")
     p.add_argument("--tool-call-parser", choices=sorted(PARSERS),
                    help="how the model writes its tool calls: hermes (<tool_call>{...}</tool_call>: Qwen 2.5 and 3, "
-                   "Hermes 2 and 3), llama3_json (a JSON call, or several separated by ';': Llama 3.1 to 3.3) or "
-                   "pythonic ([f(a=1), g()]: Llama 3.2 and 4)")
+                   "Hermes 2 and 3), llama3_json (a JSON call, or several separated by ';': Llama 3.1 to 3.3), "
+                   "pythonic ([f(a=1), g()]: Llama 3.2 and 4) or mistral ([TOOL_CALLS][{...}] or "
+                   "[TOOL_CALLS]f[ARGS]{...}: Mistral 7B v0.3, Nemo, Small, Large)")
     p.add_argument("--graceful-timeout", type=number(float, 0), default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))

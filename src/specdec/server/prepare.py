@@ -35,6 +35,7 @@ from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
 from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
+from specdec.tools import ToolParser
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body."""
@@ -117,12 +118,13 @@ class Preparer:
     """Prepares requests for ``llm`` in one thread of its own (the tokenizer is used from it and from
     the engine thread only). ``max_sequences``: the most sequences one request may have;
     ``max_prompt_bytes``: the text prompt limit (None: :data:`PROMPT_BYTES_PER_TOKEN` per token); ``auto_tools``:
-    whether ``tool_choice`` ``"auto"`` is served (``--enable-auto-tool-choice``)."""
+    the tool-call parser that reads ``tool_choice`` ``"auto"``'s calls, where it is served
+    (``--enable-auto-tool-choice``; one that reads special tokens has them kept in those requests' text)."""
 
     def __init__(self, llm: LLM, served_model_name: str, chat_template: str | None, max_sequences: int,
-                 max_prompt_bytes: int | None = None, auto_tools: bool = False) -> None:
+                 max_prompt_bytes: int | None = None, auto_tools: ToolParser | None = None) -> None:
         self.llm, self.served_model_name, self.chat_template = llm, served_model_name, chat_template
-        self.auto_tools = auto_tools  # tool_choice "auto" is served (a tool-call parser reads the calls)
+        self.auto_tools = auto_tools
         self.max_sequences = max_sequences
         self.max_prompt_bytes = max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * llm.max_model_len
         self.max_values = max_sequences * llm.max_model_len + JSON_VALUES_SLACK
@@ -158,10 +160,13 @@ class Preparer:
         self._check_count(1, req.n)
         conversation = req.conversation()
         tools = req.checked_tools()
-        if req.tool_choice_name() == "auto" and not self.auto_tools:
-            raise APIError(400, "tool_choice 'auto' (the default with tools) needs a server started with "
-                                "--enable-auto-tool-choice --tool-call-parser NAME; or send tool_choice 'none', "
-                                "'required' or a function", param="tool_choice")
+        if req.tool_choice_name() == "auto":
+            if self.auto_tools is None:
+                raise APIError(400, "tool_choice 'auto' (the default with tools) needs a server started with "
+                                    "--enable-auto-tool-choice --tool-call-parser NAME; or send tool_choice 'none', "
+                                    "'required' or a function", param="tool_choice")
+            if self.auto_tools.special_tokens:  # the calls' tags are special tokens: the parser reads them
+                req = req.model_copy(update={"skip_special_tokens": False})
         size = sum(len(m["content"].encode("utf-8")) for m in conversation) + sum(
             len(json.dumps(x).encode("utf-8")) for x in [*(tools or ()), *(m.get("tool_calls") for m in conversation)]
             if x)

@@ -51,7 +51,7 @@ USAGE_EXTENSION = "specdec"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": ("",), "best_of": (1,),
     "functions": ([],), "function_call": ("none",), "store": (False,), "service_tier": ("auto", "default"),
-    "modalities": (["text"],), "skip_special_tokens": (True,),
+    "modalities": (["text"],),
 }
 """OpenAI (and vLLM) fields this server does not implement, with their neutral values (null is neutral
 too): a neutral value is accepted and ignored, any other is refused by name. ``metadata`` (OpenAI's tags for a
@@ -174,6 +174,7 @@ class SamplingFields(StrictModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -223,6 +224,7 @@ class SamplingFields(StrictModel):
                               ignore_eos=self.ignore_eos, seed=seed, structured_outputs=self.constraint(),
                               logprobs=self.num_logprobs(), min_tokens=self.min_tokens,
                               include_stop_str_in_output=self.include_stop_str_in_output,
+                              skip_special_tokens=self.skip_special_tokens,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=self.token_biases(),
                               allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,

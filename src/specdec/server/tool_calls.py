@@ -18,17 +18,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.tools import CHOICES, ToolCall, ToolParser, required_calls
+from specdec.tools import CHOICES, ToolCall, ToolParser, openai_call_id, required_calls
 
 
 class ToolOutput:
     """One choice's output under ``choice`` (:func:`specdec.tools.check_tool_choice`'s), read by ``parser`` where
-    the choice is ``"auto"``; ``parallel``: more than one call may be kept. :meth:`message` shapes a whole
-    response's message, :meth:`delta` a stream's deltas (one instance per streamed choice: it keeps what it has
-    seen)."""
+    the choice is ``"auto"`` (and whose ``call_id`` makes every call's id: a model's template may require its own
+    form); ``parallel``: more than one call may be kept. :meth:`message` shapes a whole response's message,
+    :meth:`delta` a stream's deltas (one instance per streamed choice: it keeps what it has seen)."""
 
     def __init__(self, choice: str, parser: ToolParser | None, parallel: bool) -> None:
         self.choice, self.parser, self.parallel = choice, parser, parallel
+        self.call_id = openai_call_id if parser is None else parser.call_id
         self.forced = choice not in CHOICES  # a function's name
         self.text = ""  # streamed so far
         self.sent = 0  # characters of it sent as content
@@ -37,9 +38,9 @@ class ToolOutput:
     def calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of a whole output (calls empty where it made none)."""
         if self.forced:
-            return None, [ToolCall(self.choice, text)]
+            return None, [ToolCall(self.choice, text, self.call_id())]
         if self.choice == "required":
-            calls = required_calls(text)
+            calls = required_calls(text, self.call_id)
             return (text, []) if calls is None else (None, calls)
         if self.choice == "auto" and self.parser is not None:
             content, calls = self.parser.parse(text)
@@ -65,7 +66,7 @@ class ToolOutput:
             if not text and (self.call is not None or finish_reason is None):
                 return {}, finish_reason
             if self.call is None:
-                self.call = ToolCall(self.choice, text)
+                self.call = ToolCall(self.choice, text, self.call_id())
                 return {"tool_calls": [self.call.openai(0)]}, finish_reason
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
         if self.choice == "none" or self.choice == "auto" and self.parser is None:
