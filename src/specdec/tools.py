@@ -203,6 +203,21 @@ def _whole_output_end(text: str, start: int, opening: str, tag: str) -> int:
     return len(text)
 
 
+def _tagged_calls(text: str, tag: str, calls_of: Any) -> tuple[str | None, list[ToolCall]]:
+    """``parse`` of a parser whose calls follow the content, each block after a ``tag`` holding calls that
+    ``calls_of(block)`` reads (a ValueError where they are malformed): ``(content, calls)``, the content None where
+    only blanks come before the first ``tag``; text whose calls are not all well-formed is all content."""
+    start = text.find(tag)
+    if start < 0:
+        return text, []
+    try:
+        calls = [call for block in text[start + len(tag):].split(tag) for call in calls_of(block)]
+    except ValueError:
+        return text, []
+    content = text[:start]
+    return (content if content.strip() else None, calls) if calls else (text, [])
+
+
 def _tag_content_end(text: str, start: int, tag: str) -> int:
     """``content_end`` of a parser whose calls follow content and begin with ``tag``: up to the first ``tag``, or
     short of an ending that may begin one."""
@@ -225,21 +240,7 @@ class HermesParser:
     call_id = staticmethod(openai_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """``(content, calls)`` of an output (content None where only blanks come before the calls); text whose
-        calls are not all well-formed is all content."""
-        start = text.find(self.OPEN)
-        if start < 0:
-            return text, []
-        calls = []
-        for block in text[start:].split(self.OPEN)[1:]:
-            body = block.split(self.CLOSE, 1)[0].strip()
-            try:
-                call = _call_of(json.loads(body))
-            except ValueError:
-                return text, []
-            calls.append(call)
-        content = text[:start]
-        return content if content.strip() else None, calls
+        return _tagged_calls(text, self.OPEN, lambda block: [_call_of(json.loads(block.split(self.CLOSE, 1)[0]))])
 
     def content_end(self, text: str, start: int = 0) -> int:
         return _tag_content_end(text, start, self.OPEN)
@@ -319,22 +320,11 @@ class MistralParser:
     call_id = staticmethod(mistral_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """``(content, calls)`` of an output (content None where only blanks come before the calls); text whose
-        calls are not all well-formed is all content."""
-        start = text.find(self.TAG)
-        if start < 0:
-            return text, []
-        calls = []
-        try:
-            for block in text[start + len(self.TAG):].split(self.TAG):
-                calls += self._calls(block.strip())
-        except ValueError:
-            return text, []
-        content = text[:start]
-        return (content if content.strip() else None, calls) if calls else (text, [])
+        return _tagged_calls(text, self.TAG, self._calls)
 
     def _calls(self, block: str) -> list[ToolCall]:
         """The calls of one ``[TOOL_CALLS]`` block; ValueError where it holds none well-formed."""
+        block = block.strip()
         if self.ARGS in block:
             name, arguments = block.split(self.ARGS, 1)
             if not NAME.fullmatch(name.strip()):
