@@ -99,6 +99,17 @@ def test_a_constrained_answer_follows_the_thinking(server):
     assert "".join(d.get("content") or "" for d in deltas) == message["content"]
 
 
+def test_after_a_prompt_that_closed_the_thinking_all_is_content(server):
+    """A prompt that closes the thinking (here an assistant turn continued after an empty thinking, as templates with
+    the thinking off write it): the output is the answer, constrained from its first token, and all content."""
+    body = {"messages": [{"role": "user", "content": "def f(x):"},
+                         {"role": "assistant", "content": "<think>\n\n</think>\n\n"}],
+            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 30, "temperature": 0,
+            "guided_choice": ["yes", "no"]}  # without the prompt's close, a random model thinks past max_tokens
+    answer = post(server, body)["choices"][0]
+    assert answer["message"]["content"] in ("yes", "no") and "reasoning_content" not in answer["message"], answer
+
+
 def test_a_forced_tool_call_follows_the_thinking(server):
     body = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 40, "temperature": 0,
             "tools": TOOLS, "tool_choice": FORCED, **COMPACT, **close_bias(server, 0.2)}

@@ -17,6 +17,7 @@ from test_structured_limits import NO_TEXT_REGEX
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specdec import LLM, SamplingParams, SpecDecError, StructuredOutputsParams
+from specdec.reasoning import PARSERS, output_thinking, thinking_closed
 from specdec.structured.grammar import GrammarCache
 
 TAGS = ("token", "special", "text")  # how the tokenizer holds <think> and </think>
@@ -31,10 +32,10 @@ def tokenizer_with(tokenizer_dir, tags: str) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def walk(grammars: GrammarCache, constraint: StructuredOutputsParams, tokenizer, text: str) -> str:
+def walk(grammars: GrammarCache, constraint: StructuredOutputsParams, tokenizer, text: str, parser: str) -> str:
     """``"refused"`` if the grammar refuses a token of ``text``, else ``"complete"`` (end-of-sequence may follow) or
     ``"partial"``."""
-    matcher, _ = grammars.matcher(constraint)
+    matcher, _ = grammars.matcher(constraint, PARSERS[parser])
     for token in tokenizer.encode(text, add_special_tokens=False):
         if not matcher.consume_token(token):
             return "refused"
@@ -56,11 +57,11 @@ CASES = {  # text: what the grammar makes of it, per parser
 @pytest.mark.parametrize("parser", sorted(CASES))
 def test_the_thinking_is_free_and_the_answer_holds_the_constraint(tokenizer_dir, tags, parser):
     tokenizer = tokenizer_with(tokenizer_dir, tags)
-    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}), parser)
+    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}))
     if tags != "text":
         assert len(tokenizer.encode("a</think>1", add_special_tokens=False)) == 3
     for text, expected in CASES[parser].items():
-        assert walk(grammars, DIGITS, tokenizer, text) == expected, (text, tags)
+        assert walk(grammars, DIGITS, tokenizer, text, parser) == expected, (text, tags)
 
 
 @pytest.mark.parametrize("constraint, answer, wrong", [
@@ -73,23 +74,49 @@ def test_the_thinking_is_free_and_the_answer_holds_the_constraint(tokenizer_dir,
 ])
 def test_every_kind_of_constraint_follows_the_thinking(tokenizer_dir, constraint, answer, wrong):
     tokenizer = tokenizer_with(tokenizer_dir, "token")
-    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}), "deepseek_r1")
+    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}))
     params = StructuredOutputsParams(**constraint)
-    assert walk(grammars, params, tokenizer, "hm, let me see</think>" + answer) == "complete"
-    assert walk(grammars, params, tokenizer, "hm, let me see</think>" + wrong) != "complete"
+    assert walk(grammars, params, tokenizer, "hm, let me see</think>" + answer, "deepseek_r1") == "complete"
+    assert walk(grammars, params, tokenizer, "hm, let me see</think>" + wrong, "deepseek_r1") != "complete"
 
 
 def test_a_constraint_that_matches_no_text_is_still_refused(tokenizer_dir):
     """The answer's grammar alone is probed: free thinking before it does not hide that it matches nothing."""
     tokenizer = tokenizer_with(tokenizer_dir, "token")
-    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}), "deepseek_r1")
+    grammars = GrammarCache(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}))
     with pytest.raises(SpecDecError, match="the regex in structured_outputs matches no text"):
-        grammars.compile(StructuredOutputsParams(regex=NO_TEXT_REGEX))
+        grammars.compile(StructuredOutputsParams(regex=NO_TEXT_REGEX), True)
 
 
 def test_an_unknown_parser_is_refused_before_anything_loads(tmp_path):
     with pytest.raises(SpecDecError, match="unknown reasoning parser 'r2': specdec has deepseek_r1, qwen3"):
         LLM(tmp_path / "no-model-here", reasoning_parser="r2")
+
+
+def test_a_prompt_that_closes_the_thinking_leaves_the_output_all_answer():
+    """A template with the thinking off (Qwen3's enable_thinking false, DeepSeek's non-thinking mode) closes it in the
+    prompt: vLLM reads the prompt so, and so does specdec."""
+    for prompt, closed in [("<|user|>q<|assistant|><think>\n\n</think>\n\n", True), ("q</think>", True),
+                           ("q<|assistant|><think>\n", False), ("q", False), ("a</think>b<think>", False)]:
+        assert thinking_closed(prompt) is closed, prompt
+        assert output_thinking("deepseek_r1", prompt) is (None if closed else True)
+        assert output_thinking("qwen3", prompt) is (None if closed else False)
+    assert output_thinking(None, "q") is None
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_after_a_closed_thinking_the_constraint_holds_from_the_first_token(think_model_dirs, parser):
+    """Strong biases on both tags: after a prompt that closed the thinking the output may use neither, it is the
+    answer alone; after one that did not, the same request thinks."""
+    target = think_model_dirs["target"]
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(target)
+    tags = {tokenizer.convert_tokens_to_ids(t): 5.0 for t in ("<think>", "</think>")}
+    llm = LLM(target, dtype="float64", reasoning_parser=parser)
+    params = SamplingParams(temperature=0, max_tokens=12, logit_bias=tags, structured_outputs={"regex": "[0-9]{2,4}"})
+    closed = llm.generate(["q<think>\n\n</think>\n\n"], params)[0].outputs[0]
+    assert re.fullmatch("[0-9]{2,4}", closed.text) and closed.finish_reason == "stop", closed.text
+    opened = llm.generate(["q<think>\n"], params)[0].outputs[0].text
+    assert "</think>" in opened or opened.startswith("<think>"), opened
 
 
 # ------------------------------------------------------------------------------------------------ the engine
@@ -165,7 +192,7 @@ def exact_joint(model, grammars: GrammarCache, constraint: StructuredOutputsPara
         allowed = torch.tensor(list(matcher.compute_logit_bias())[:vocab]) > 0
         return torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
 
-    root, _ = grammars.matcher(constraint)
+    root, _ = grammars.matcher(constraint, True)
     first = probs(prompt_ids, root)
     joint = np.zeros((vocab, vocab))
     for t1 in first.nonzero().flatten().tolist():
@@ -195,7 +222,7 @@ def test_sampled_speculation_follows_the_target_across_the_thinking(think_model_
         for out in llm.generate([{"prompt_token_ids": prompt_ids}] * PER_CALL, params):
             first, second = out.outputs[0].token_ids
             counts[first, second] += 1
-    grammars = GrammarCache(tokenizer, model.config.vocab_size, frozenset({eos}), "deepseek_r1")
+    grammars = GrammarCache(tokenizer, model.config.vocab_size, frozenset({eos}))
     expected = exact_joint(model, grammars, constraint, prompt_ids, biases)
     assert counts[close].sum() > 100 and counts.sum() - counts[close].sum() > 100, "both sides of the boundary"
     pvalue = chi_square_pvalue(counts, expected)

@@ -42,7 +42,7 @@ from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, r
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput
 from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
-from specdec.reasoning import check_reasoning_parser
+from specdec.reasoning import check_reasoning_parser, output_thinking
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
@@ -94,8 +94,8 @@ class LLM(metaclass=VLLMNames):
     samples with that seed, whatever the method drafted; a target that cannot run so raises
     :class:`SpecDecError`. ``reasoning_parser``: ``"deepseek_r1"`` or ``"qwen3"`` (vLLM's names,
     :mod:`specdec.reasoning`): a constrained request's constraint holds for the answer after the model's
-    thinking, which runs free until ``</think>`` (:mod:`specdec.structured.thinking`); without it, from the
-    output's first token.
+    thinking, which runs free until ``</think>`` (:mod:`specdec.structured.thinking`), unless the prompt closed the
+    thinking itself (:meth:`thinking`); without it, from the output's first token.
     """
 
     vllm_names = (VLLM_NEUTRAL, {
@@ -247,18 +247,26 @@ class LLM(metaclass=VLLMNames):
 
     def _grammars(self) -> GrammarCache:
         if self._grammar_cache is None:
-            self._grammar_cache = GrammarCache(self.tokenizer, self.target.vocab_size, self._eos_ids,
-                                               self.reasoning_parser)
+            self._grammar_cache = GrammarCache(self.tokenizer, self.target.vocab_size, self._eos_ids)
         return self._grammar_cache
 
-    def _grammar(self, params: SamplingParams) -> tuple[GrammarState | None, float]:
-        """A new grammar state for ``params.structured_outputs`` (None without one) and the seconds spent
-        compiling it (reported to the first request after its compilation, 0.0 for later ones), counted in
-        the batch metrics."""
+    def thinking(self, prompt: str | None, prompt_ids: list[int]) -> bool | None:
+        """How an output after this prompt (its text, or None: its ids decoded) thinks, with this LLM's
+        ``reasoning_parser``: :func:`specdec.reasoning.output_thinking`."""
+        if self.reasoning_parser is None:
+            return None
+        if prompt is None:
+            prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
+        return output_thinking(self.reasoning_parser, prompt)
+
+    def _grammar(self, params: SamplingParams, opens_inside: bool | None) -> tuple[GrammarState | None, float]:
+        """A new grammar state for ``params.structured_outputs`` (None without one; after the thinking unless
+        ``opens_inside`` is None: :meth:`thinking`) and the seconds spent compiling it (reported to the first request
+        after its compilation, 0.0 for later ones), counted in the batch metrics."""
         if params.structured_outputs is None:
             return None, 0.0
         with self._grammar_lock:
-            matcher, seconds = self._grammars().matcher(params.structured_outputs)
+            matcher, seconds = self._grammars().matcher(params.structured_outputs, opens_inside)
             if seconds:
                 self.engine.metrics.num_grammar_compiles += 1
                 self.engine.metrics.time_grammar_compile += seconds
@@ -278,7 +286,8 @@ class LLM(metaclass=VLLMNames):
                 max_new_tokens=min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt_ids)),
                 stop_ids=frozenset(stop_ids),
             )
-            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params)
+            thinking = None if params.structured_outputs is None else self.thinking(text, prompt_ids)
+            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking)
             seq.bad_words = self._bad_word_ids(params.bad_words)
             request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,

@@ -8,6 +8,10 @@ answers. Two parsers, by how the model opens its thinking:
 - ``qwen3`` (Qwen3, whose thinking can be switched off): an output that opens with ``<think>`` thinks until
   ``</think>``; any other output is all content.
 
+A prompt that closes the thinking itself (its last ``</think>`` after its last ``<think>``: a template with the
+thinking switched off, Qwen3's ``enable_thinking: false``) leaves no thinking to the output, which is all answer
+(:func:`thinking_closed`), as vLLM reads the prompt.
+
 Two things read it: the server splits a chat output into ``reasoning_content`` and ``content``
 (:class:`ReasoningSplit`; the answer then goes on to the tool-call parser, if any), and a constrained request's
 constraint holds for the answer only, the thinking before it being free (:mod:`specdec.structured.thinking`).
@@ -21,6 +25,21 @@ OPEN, CLOSE = "<think>", "</think>"
 
 PARSERS = {"deepseek_r1": True, "qwen3": False}
 """Reasoning parsers by name: whether the output starts inside the thinking."""
+
+
+def thinking_closed(prompt: str) -> bool:
+    """Whether ``prompt`` (its text with special tokens) closes the thinking: its last ``</think>`` comes after its
+    last ``<think>``, so the output is all answer."""
+    return prompt.rfind(CLOSE) > prompt.rfind(OPEN)
+
+
+def output_thinking(parser: str | None, prompt: str) -> bool | None:
+    """How an output of ``parser`` after ``prompt`` thinks: None where it does not (no parser, or the prompt closed
+    the thinking: all answer), True where it starts inside the thinking, False where it may open it (what
+    :class:`ReasoningSplit`, as a bool, and :func:`~specdec.structured.thinking.after_thinking` take)."""
+    if parser is None or thinking_closed(prompt):
+        return None
+    return PARSERS[parser]
 
 
 def check_reasoning_parser(name: object) -> None:

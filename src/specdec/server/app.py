@@ -32,7 +32,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.outputs import TokenLogprobDict
-from specdec.reasoning import PARSERS as REASONING
 from specdec.reasoning import ReasoningSplit
 from specdec.server.logprobs import (
     chat_logprobs,
@@ -257,8 +256,8 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         req = prepared.request
         num_top = req.top_logprobs or 0
         outputs = [ToolOutput(req.tool_choice_name(), parser, req.parallel_tool_calls) for _ in range(req.n)]
-        thinking = None if llm.reasoning_parser is None else [
-            ReasoningSplit(REASONING[llm.reasoning_parser]) for _ in range(req.n)]
+        thinking = None if llm.reasoning_parser is None else [  # an output after a prompt that closed it: no thinking
+            ReasoningSplit(bool(llm.thinking(*prepared.prompts[0]))) for _ in range(req.n)]
 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
             reasoning, text = ("", text) if thinking is None else thinking[index].feed(text, finish is not None)

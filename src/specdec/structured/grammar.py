@@ -17,7 +17,6 @@ from collections import OrderedDict
 from typing import Any
 
 from specdec.errors import SpecDecError
-from specdec.reasoning import PARSERS
 from specdec.structured.params import StructuredOutputsParams
 from specdec.structured.thinking import after_thinking
 
@@ -55,12 +54,12 @@ class GrammarCache:
     text, or one past llguidance's resource limits, is a SpecDecError when the request is submitted instead of
     an empty output or a failure mid-generation.
 
-    ``reasoning_parser`` (a name of :data:`specdec.reasoning.PARSERS`): each constraint holds for the answer after
-    the model's thinking (:func:`specdec.structured.thinking.after_thinking`); the answer's grammar alone is what
-    is probed."""
+    ``opens_inside`` (of :meth:`compile` and :meth:`matcher`): None, the constraint holds from the output's first
+    token; True or False, it holds for the answer after a reasoning model's thinking, which the output starts
+    inside (True) or may open (False) (:func:`specdec.structured.thinking.after_thinking`). The answer's grammar
+    alone is what is probed."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int],
-                 reasoning_parser: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         lib = llguidance()
         if tokenizer is None:
             raise SpecDecError("structured output needs the model's tokenizer (prompts given as token ids are fine, "
@@ -75,43 +74,43 @@ class GrammarCache:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self._hf_tokenizer = tokenizer
-        self.opens_inside = None if reasoning_parser is None else PARSERS[reasoning_parser]
-        self._cache: OrderedDict[tuple[str, str, bool], list] = OrderedDict()  # [matcher, unreported s]
+        self._cache: OrderedDict[tuple, list] = OrderedDict()  # (constraint key, opens_inside): [matcher, unreported s]
 
-    def compile(self, params: StructuredOutputsParams) -> float:
+    def compile(self, params: StructuredOutputsParams, opens_inside: bool | None = None) -> float:
         """Compile ``params`` unless it is cached; returns the seconds it took (0.0 when cached). An invalid
         schema, regex or grammar, or a keyword llguidance does not implement, is a SpecDecError naming the
         problem."""
-        key = params.key
+        key = (params.key, opens_inside)
         if key in self._cache:
             self._cache.move_to_end(key)
             return 0.0
         start = time.perf_counter()
-        prototype = self._compile(key)
+        prototype = self._compile(*key)
         seconds = time.perf_counter() - start
         self._cache[key] = [prototype, seconds]
         if len(self._cache) > MAX_CACHED_GRAMMARS:
             self._cache.popitem(last=False)
         return seconds
 
-    def matcher(self, params: StructuredOutputsParams) -> tuple[Any, float]:
+    def matcher(self, params: StructuredOutputsParams, opens_inside: bool | None = None) -> tuple[Any, float]:
         """A fresh llguidance ``LLMatcher`` for ``params`` (compiled if need be) and the seconds its compilation
         took, reported once: to the first matcher made after it (0.0 for every later one)."""
-        self.compile(params)
-        entry = self._cache[params.key]
+        key = (params.key, opens_inside)
+        self.compile(params, opens_inside)
+        entry = self._cache[key]
         # Copies share the prototype's lexer: one that a request drove past llguidance's limits fails every later
         # copy at its first mask (which would then allow only end-of-sequence). Such a prototype is compiled anew.
         matcher = entry[0].deep_copy()
         matcher.compute_logit_bias()
         if matcher.is_error():
-            del self._cache[params.key]
-            self.compile(params)
-            entry = self._cache[params.key]
+            del self._cache[key]
+            self.compile(params, opens_inside)
+            entry = self._cache[key]
             matcher = entry[0].deep_copy()
         seconds, entry[1] = entry[1], 0.0
         return matcher, seconds
 
-    def _compile(self, key: tuple[str, str, bool]) -> Any:
+    def _compile(self, key: tuple[str, str, bool], opens_inside: bool | None) -> Any:
         lib = llguidance()
         kind, text, compact = key
         what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}[kind]
@@ -132,9 +131,9 @@ class GrammarCache:
         if matcher.is_error():
             raise compile_error(what, matcher.get_error())
         _probe(matcher, what, self.eos_ids)
-        if self.opens_inside is None:
+        if opens_inside is None:
             return matcher
-        grammar = after_thinking(grammar, self.opens_inside, self._hf_tokenizer, self.eos_ids)
+        grammar = after_thinking(grammar, opens_inside, self._hf_tokenizer, self.eos_ids)
         failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
         matcher = None if failed else lib.LLMatcher(self.tokenizer, grammar, log_level=0, limits=limits)
         if failed or matcher.is_error():

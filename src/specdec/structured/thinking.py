@@ -4,7 +4,9 @@
 
 One llguidance grammar does it (not a switch in the step): the answer's grammar becomes the sub-grammar ``@answer``
 of a Lark grammar for the whole output, so drafting, verification and their exactness are those of any constraint
-(:mod:`specdec.structured.state`). With ``opens_inside`` (``deepseek_r1``) the output is thinking that may close
+(:mod:`specdec.structured.state`). Each request's prompt decides whether its output thinks at all
+(:func:`specdec.reasoning.output_thinking`; one that closed the thinking gets the constraint alone). With
+``opens_inside`` (``deepseek_r1``) the output is thinking that may close
 with ``</think>`` and the answer; otherwise (``qwen3``) it is either the answer or ``<think>``, thinking, and
 optionally ``</think>`` and the answer. Until ``</think>`` the grammar is complete, so end-of-sequence may end the
 thinking (the output then has no answer, as in vLLM); after it, the answer must be whole before it may end, and no
