@@ -123,6 +123,17 @@ class GrammarCache:
                 grammar = lib.grammar_from("choice" if kind == "choice" else "grammar", text)
         except ValueError as exc:
             raise compile_error(what, str(exc)) from None
+        matcher = self._matcher(grammar, what)
+        _probe(matcher, what, self.eos_ids)
+        if opens_inside is None:
+            return matcher
+        grammar = after_thinking(grammar, opens_inside, self._hf_tokenizer, self.eos_ids)
+        return self._matcher(grammar, f"{what} after the thinking")
+
+    def _matcher(self, grammar: str, what: str) -> Any:
+        """An ``LLMatcher`` of ``grammar`` (llguidance's text) in its initial state, validated first; a SpecDecError
+        naming ``what`` where llguidance refuses it."""
+        lib = llguidance()
         limits = lib.LLParserLimits(verbose_errors=False)  # no parser state dumped into messages
         failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
         if failed:
@@ -130,14 +141,6 @@ class GrammarCache:
         matcher = lib.LLMatcher(self.tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise compile_error(what, matcher.get_error())
-        _probe(matcher, what, self.eos_ids)
-        if opens_inside is None:
-            return matcher
-        grammar = after_thinking(grammar, opens_inside, self._hf_tokenizer, self.eos_ids)
-        failed, messages = lib.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
-        matcher = None if failed else lib.LLMatcher(self.tokenizer, grammar, log_level=0, limits=limits)
-        if failed or matcher.is_error():
-            raise compile_error(f"{what} after the thinking", messages[0] if failed else matcher.get_error())
         return matcher
 
 
