@@ -103,11 +103,16 @@ class TextTracker:
         # A stop string may start this many characters before a new token's text.
         self.hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self._text = IncrementalText(tokenizer, skip_special_tokens)
-        self.token_ids = self._text.ids
         self.text = ""
         self.stopped = False
         self.stop_reason: str | None = None  # the stop string that ended the text
         self._streamed = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens of the text: one list, :class:`IncrementalText`'s (appended to directly where nothing is
+        decoded until :meth:`finish`)."""
+        return self._text.ids
 
     def add(self, token_ids: list[int], stop_token: bool = False) -> int:
         shown = token_ids[:-1] if stop_token and not self.include_stop else token_ids
