@@ -164,14 +164,15 @@ def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] |
     return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False), call_id()) for i in items]
 
 
-def _call_of(value: Any) -> ToolCall:
+def _call_of(value: Any, call_id: Any = openai_call_id) -> ToolCall:
     """The call a parsed JSON value writes: ``{"name": N, "arguments": {...}}`` (or ``"parameters"``, the arguments
-    an object or JSON text); ValueError where it is not one."""
+    an object or JSON text), its id made by ``call_id``; ValueError where it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         raise ValueError(f"not a call: {_short(value)}")
     arguments = value.get("arguments", value.get("parameters", {}))
     return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
-                                                                                          ensure_ascii=False))
+                                                                                          ensure_ascii=False),
+                    call_id())
 
 
 class ToolParser(Protocol):
@@ -332,10 +333,10 @@ class MistralParser:
             json.loads(arguments)
             return [ToolCall(name.strip(), arguments.strip(), self.call_id())]
         value = json.loads(block)
-        calls = [_call_of(item) for item in (value if isinstance(value, list) else [value])]
+        calls = [_call_of(item, self.call_id) for item in (value if isinstance(value, list) else [value])]
         if not calls:
             raise ValueError("no calls")
-        return [ToolCall(c.name, c.arguments, self.call_id()) for c in calls]
+        return calls
 
     def content_end(self, text: str, start: int = 0) -> int:
         return _tag_content_end(text, start, self.TAG)
