@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specdec.errors import SpecDecError
+from specdec.errors import SpecDecError, short_repr
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A function's name, as OpenAI's API allows it (vLLM also allows dots)."""
@@ -40,11 +40,7 @@ CHOICES = ("none", "auto", "required")
 FREE_CHOICES = ("none", "auto")
 """The tool choices that leave the output unconstrained."""
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+SHOWN = 80  # characters of a refused value an error message shows
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict[str, Any]] | None:
@@ -54,18 +50,18 @@ def check_tools(tools: Any, where: str = "tools") -> list[dict[str, Any]] | None
     if tools is None:
         return None
     if not isinstance(tools, (list, tuple)):
-        raise SpecDecError(f"{where} must be a list of tools, got {_short(tools)}")
+        raise SpecDecError(f"{where} must be a list of tools, got {short_repr(tools, SHOWN)}")
     names: set[str] = set()
     for i, tool in enumerate(tools):
         here = f"{where}[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
             raise SpecDecError(f"{here} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
-                               f"got {_short(tool)}")
+                               f"got {short_repr(tool, SHOWN)}")
         function = tool["function"]
         name = function.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise SpecDecError(f"{here}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', got "
-                               f"{_short(name)}")
+                               f"{short_repr(name, SHOWN)}")
         if name in names:
             raise SpecDecError(f"{here}.function.name {name!r} is given twice: tools must have distinct names")
         names.add(name)
@@ -74,7 +70,7 @@ def check_tools(tools: Any, where: str = "tools") -> list[dict[str, Any]] | None
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise SpecDecError(f"{here}.function.parameters must be a JSON schema (an object), got "
-                               f"{_short(parameters)}")
+                               f"{short_repr(parameters, SHOWN)}")
     return list(tools) or None
 
 
@@ -98,7 +94,7 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str:
         return name
     else:
         raise SpecDecError(f"tool_choice must be one of {', '.join(CHOICES)} or {{\"type\": \"function\", "
-                           f"\"function\": {{\"name\": ...}}}}, got {_short(choice)}")
+                           f"\"function\": {{\"name\": ...}}}}, got {short_repr(choice, SHOWN)}")
     if name != "none" and not tools:
         raise SpecDecError(f"tool_choice is {name!r} but no tools are given")
     return name
@@ -168,7 +164,7 @@ def _call_of(value: Any, call_id: Any = openai_call_id) -> ToolCall:
     """The call a parsed JSON value writes: ``{"name": N, "arguments": {...}}`` (or ``"parameters"``, the arguments
     an object or JSON text), its id made by ``call_id``; ValueError where it is not one."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        raise ValueError(f"not a call: {_short(value)}")
+        raise ValueError(f"not a call: {short_repr(value, SHOWN)}")
     arguments = value.get("arguments", value.get("parameters", {}))
     return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
                                                                                           ensure_ascii=False),
@@ -329,7 +325,7 @@ class MistralParser:
         if self.ARGS in block:
             name, arguments = block.split(self.ARGS, 1)
             if not NAME.fullmatch(name.strip()):
-                raise ValueError(f"not a function name: {_short(name)}")
+                raise ValueError(f"not a function name: {short_repr(name, SHOWN)}")
             json.loads(arguments)
             return [ToolCall(name.strip(), arguments.strip(), self.call_id())]
         value = json.loads(block)

@@ -8,7 +8,7 @@ import json as json_module
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from specdec.errors import SpecDecError
+from specdec.errors import SpecDecError, short_repr
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 ANY_JSON_OBJECT = '{"type":"object"}'
@@ -40,15 +40,6 @@ def _depth(value: object, limit: int) -> int:
         if depth <= limit:
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
-
-
-def _short(value: object, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters (a refused value may be huge)."""
-    try:
-        text = repr(value)
-    except RecursionError:
-        text = f"a {type(value).__name__} nested too deeply to show"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +87,7 @@ class StructuredOutputsParams:
             if (not isinstance(choice, (list, tuple)) or not choice
                     or not all(isinstance(c, str) and c for c in choice)):
                 raise SpecDecError(f"structured_outputs 'choice' must be a non-empty list of non-empty strings, "
-                                   f"got {_short(choice)}")
+                                   f"got {short_repr(choice)}")
             for c in choice:
                 _text(c, "choice")
             object.__setattr__(self, "choice", tuple(choice))
@@ -121,7 +112,7 @@ class StructuredOutputsParams:
         if schema is True:  # the schema that any JSON value satisfies
             schema = {}
         if not isinstance(schema, dict):
-            raise SpecDecError(f"structured_outputs 'json' must be a JSON schema (an object), got {_short(schema)}")
+            raise SpecDecError(f"structured_outputs 'json' must be a JSON schema (an object), got {short_repr(schema)}")
         if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
             raise SpecDecError(too_deep)
         try:
