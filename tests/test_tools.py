@@ -14,6 +14,7 @@ import pytest
 from test_server import PLAIN, SPEC, Served, draft_dir, make_llm  # noqa: F401
 
 from specdec import SamplingParams, SpecDecError
+from specdec.call_list import CallListReader
 from specdec.server import create_app
 from specdec.server.tool_calls import ToolOutput
 from specdec.structured import StructuredOutputsParams
@@ -71,6 +72,10 @@ def stream(server, body: dict) -> list[dict]:
         assert response.status_code == 200
         return [json.loads(line[6:]) for line in response.iter_lines()
                 if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+REQUIRED_TWO = ('[{"name": "get_weather", "parameters": {"city": "O\\"s]}lo", "days": [1, {"n": 2}]}},\n'
+                '  {"name":"get_time","parameters":{ "zone" : "UTC" }}]')
 
 
 def joined_calls(events: list[dict], index: int = 0) -> tuple[str, list[dict], str | None]:
@@ -207,6 +212,7 @@ def test_every_call_has_the_parsers_id_form():
     ("auto", '[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'),
     ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
     ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),
+    ("required", REQUIRED_TWO), ("required", '[ {"parameters": {"name": "x"} , "name" : "f"} ]'),
     ("get_weather", '{"city": "Lima"}')])
 def test_streamed_deltas_add_up_to_the_whole_message(parser, choice, text):
     """Fed in pieces of every size, a stream's content and calls equal the whole response's message."""
@@ -222,6 +228,53 @@ def test_streamed_deltas_add_up_to_the_whole_message(parser, choice, text):
         assert [(c["name"], c["arguments"]) for c in calls] == [
             (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"].get("tool_calls", ())]
         assert all(c["id"] for c in calls)
+
+
+def test_required_calls_stream_one_by_one_as_written():
+    """A ``"required"`` stream sends each call once its name is whole and its arguments as they are written (the
+    model's own text: whitespace, escapes and brackets inside strings kept), not all at the end."""
+    output, events = ToolOutput("required", None, True), []
+    for i, char in enumerate(REQUIRED_TWO):
+        delta, finish = output.delta(char, "stop" if i == len(REQUIRED_TWO) - 1 else None)
+        events.append((i, delta, finish))
+    firsts = [(i, d["tool_calls"][0]) for i, d, _ in events if d.get("tool_calls") and "id" in d["tool_calls"][0]]
+    assert [(i, call["index"], call["function"]["name"]) for i, call in firsts] == [
+        (REQUIRED_TWO.index('"get_weather"') + 12, 0, "get_weather"),
+        (REQUIRED_TWO.index('"get_time"') + 9, 1, "get_time")]
+    assert firsts[0][1]["id"] != firsts[1][1]["id"] and all(c["type"] == "function" for _, c in firsts)
+    arguments = ["", ""]
+    for i, delta, _ in events:
+        for call in delta.get("tool_calls", ()):
+            arguments[call["index"]] += call["function"]["arguments"]
+        if i == REQUIRED_TWO.index("[1, {"):  # the first call's arguments up to here are sent already
+            assert arguments[0] == '{"city": "O\\"s]}lo", "days": ['
+    assert arguments == ['{"city": "O\\"s]}lo", "days": [1, {"n": 2}]}', '{ "zone" : "UTC" }']
+    assert [json.loads(a) for a in arguments] == [{"city": 'O"s]}lo', "days": [1, {"n": 2}]}, {"zone": "UTC"}]
+    assert [f for _, d, f in events if f] == ["tool_calls"] and not any("content" in d for _, d, _ in events)
+
+
+def test_a_required_stream_cut_after_a_name_ends_as_cut():
+    """Cut at ``max_tokens`` inside the list: before any name is whole the text is content (as a whole response
+    has it); after one, the calls begun are sent, the last arguments unfinished, and the finish stays "length"."""
+    assert ToolOutput("required", None, True).delta('[{"name": "get_ti', "length") == ({"content": '[{"name": "get_ti'},
+                                                                                     "length")
+    output = ToolOutput("required", None, True)
+    first, _ = output.delta('[{"name": "get_time", "parameters": {"zo', None)
+    assert first["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"zo'}
+    assert output.delta('ne": "U', "length") == ({"tool_calls": [{"index": 0, "function": {"arguments": 'ne": "U'}}]},
+                                                "length")
+
+
+def test_the_call_list_reader_finds_names_and_arguments_as_they_come():
+    """Scalar arguments wait until they end; a key given twice counts its last value (as ``json.loads``); keys
+    inside the arguments are not the item's."""
+    reader = CallListReader()
+    reader.feed('[{"name": "f", "parameters": 12')
+    call = reader.calls[0]
+    assert call.name == "f" and reader.written(call) == call.start  # the number may go on
+    reader.feed('5 }, {"parameters": {"a": 1}, "parameters": "s", "name": "g"}]')
+    assert [(c.name, reader.text[c.start:c.end]) for c in reader.calls] == [("f", "125"), ("g", '"s"')]
+    assert [(c.name, c.arguments) for c in required_calls(reader.text)] == [("f", "125"), ("g", '"s"')]
 
 
 # ---------------------------------------------------------------------------------------------- offline

@@ -31,6 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from specdec.call_list import CallListReader
 from specdec.errors import SpecDecError, short_repr
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -149,7 +150,9 @@ class ToolCall:
 
 def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] | None:
     """The calls of a ``"required"`` output (a JSON list of ``{"name", "parameters"}``), or None where the text is
-    not one (an output cut at ``max_tokens``); ``call_id`` makes their ids."""
+    not one (an output cut at ``max_tokens``); ``call_id`` makes their ids. Each call's arguments are its
+    ``parameters`` as the model wrote them (:class:`~specdec.call_list.CallListReader`, which a stream reads them
+    with as they come)."""
     try:
         items = json.loads(text)
     except ValueError:
@@ -157,7 +160,9 @@ def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] |
     if not isinstance(items, list) or not items or not all(
             isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i for i in items):
         return None
-    return [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False), call_id()) for i in items]
+    reader = CallListReader()
+    reader.feed(text)
+    return [ToolCall(call.name, text[call.start:call.end], call_id()) for call in reader.calls]
 
 
 def _call_of(value: Any, call_id: Any = openai_call_id) -> ToolCall:

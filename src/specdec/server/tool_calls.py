@@ -6,7 +6,11 @@ By the request's tool choice:
 - ``"auto"``: the server's tool-call parser reads the calls; the text before the first is the content. Streamed,
   text is sent as content until it may begin a call; from there it is held, and at the end the calls go out in one
   delta (or the held text as content, where it held no well-formed call).
-- ``"required"``: the constrained output, a JSON list of calls, becomes the calls. Streamed, they go out at the end.
+- ``"required"``: the constrained output, a JSON list of calls, becomes the calls. Streamed, each call goes out as
+  soon as its name is whole (the first delta with its ``index``, ``id`` and ``name``) and its arguments as they
+  come (:class:`~specdec.call_list.CallListReader`). An output cut before its first name is text, as in a whole
+  response; one cut later has sent the calls begun, the last one's arguments unfinished, and its finish reason
+  stays ``"length"`` (a whole response holds the text as content then).
 - a function: the constrained output is its arguments. Streamed, the arguments go out as they come, the first
   delta with the call's id and name.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdec.call_list import CallListReader
 from specdec.tools import CHOICES, ToolCall, ToolParser, openai_call_id, required_calls
 
 
@@ -34,6 +39,9 @@ class ToolOutput:
         self.text = ""  # streamed so far
         self.sent = 0  # characters of it sent as content
         self.call: ToolCall | None = None  # a forced function's call, once its first delta is sent
+        self.reader = CallListReader()  # a "required" output's calls, as they come
+        self.ids: list[str] = []  # the ids of the "required" calls whose first delta is sent
+        self.args_sent: list[int | None] = []  # how far into the text each one's arguments are sent
 
     def calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of a whole output (calls empty where it made none)."""
@@ -69,6 +77,8 @@ class ToolOutput:
                 self.call = ToolCall(self.choice, text, self.call_id())
                 return {"tool_calls": [self.call.openai(0)]}, finish_reason
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
+        if self.choice == "required":
+            return self._required(text, finish_reason)
         if self.choice == "none" or self.choice == "auto" and self.parser is None:
             return ({"content": text} if text else {}), finish_reason
         if finish_reason is None:
@@ -80,6 +90,33 @@ class ToolOutput:
         delta = self._content(len(content or "")) if content else {}
         delta["tool_calls"] = [call.openai(i) for i, call in enumerate(calls)]
         return delta, self.finish(calls, finish_reason)
+
+    def _required(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """A ``"required"`` stream's delta: the calls named so far and their arguments written so far (the text,
+        as content, where the whole output holds no call and none was sent)."""
+        self.reader.feed(text)
+        calls = []
+        for index, call in enumerate(self.reader.calls):
+            if call.name is None:
+                break
+            if index == len(self.ids):
+                self.ids.append(self.call_id())
+                self.args_sent.append(call.start)
+                calls.append({"index": index, "id": self.ids[index], "type": "function",
+                              "function": {"name": call.name, "arguments": ""}})
+            written, sent = self.reader.written(call), self.args_sent[index]
+            if written is None:
+                continue
+            piece = self.text[call.start if sent is None else sent:written]
+            self.args_sent[index] = written
+            if calls and calls[-1]["index"] == index:
+                calls[-1]["function"]["arguments"] += piece
+            elif piece:
+                calls.append({"index": index, "function": {"arguments": piece}})
+        if finish_reason is not None and not self.ids:
+            return self._content(len(self.text)), finish_reason
+        whole = finish_reason is not None and required_calls(self.text) is not None
+        return ({"tool_calls": calls} if calls else {}), "tool_calls" if whole else finish_reason
 
     def _content(self, end: int) -> dict[str, Any]:
         """The content from what was sent up to ``end``, as a delta."""
