@@ -253,6 +253,15 @@ def test_required_calls_stream_one_by_one_as_written():
     assert [f for _, d, f in events if f] == ["tool_calls"] and not any("content" in d for _, d, _ in events)
 
 
+def test_a_forced_function_without_text_makes_no_call():
+    """A reasoning model may end in its thinking (its constraint holds after it): the answer is empty, and a forced
+    function's empty arguments are no call, whole or streamed."""
+    assert ToolOutput("get_weather", None, True).message("", "stop") == {
+        "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}
+    output = ToolOutput("get_weather", None, True)
+    assert output.delta("", None) == ({}, None) and output.delta("", "stop") == ({}, "stop")
+
+
 def test_a_required_stream_cut_after_a_name_ends_as_cut():
     """Cut at ``max_tokens`` inside the list: before any name is whole the text is content (as a whole response
     has it); after one, the calls begun are sent, the last arguments unfinished, and the finish stays "length"."""

@@ -12,7 +12,8 @@ By the request's tool choice:
   response; one cut later has sent the calls begun, the last one's arguments unfinished, and its finish reason
   stays ``"length"`` (a whole response holds the text as content then).
 - a function: the constrained output is its arguments. Streamed, the arguments go out as they come, the first
-  delta with the call's id and name.
+  delta with the call's id and name. An output without text (a reasoning model's that ended in its thinking, which
+  a constraint after the thinking allows, as in vLLM) makes no call.
 
 A message with calls has ``content`` null unless text came before them, and ``finish_reason`` ``"tool_calls"``,
 but for a forced function, whose finish reason stays the engine's (as OpenAI's API answers).
@@ -45,8 +46,8 @@ class ToolOutput:
 
     def calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """``(content, calls)`` of a whole output (calls empty where it made none)."""
-        if self.forced:
-            return None, [ToolCall(self.choice, text, self.call_id())]
+        if self.forced:  # no text (a reasoning model's output that ended while thinking): no call
+            return None, [ToolCall(self.choice, text, self.call_id())] if text else []
         if self.choice == "required":
             calls = required_calls(text, self.call_id)
             return (text, []) if calls is None else (None, calls)
@@ -71,7 +72,7 @@ class ToolOutput:
         finish reason to send with it."""
         self.text += text
         if self.forced:
-            if not text and (self.call is not None or finish_reason is None):
+            if not text:
                 return {}, finish_reason
             if self.call is None:
                 self.call = ToolCall(self.choice, text, self.call_id())

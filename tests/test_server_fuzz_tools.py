@@ -1,0 +1,145 @@
+"""Structure-aware fuzzing of what agents send: valid chat requests with tools, tool choices, reasoning,
+constraints, logprobs and streaming, each with a few fields replaced by odd values, against a reasoning model
+served with speculation, Hermes' tool-call parser and ``--enable-auto-tool-choice``. Every answer is a 200 or a 4xx
+in OpenAI's shape, a stream ends with ``[DONE]`` and any error in it is a client's, and nothing logs a traceback.
+
+(:mod:`test_server_fuzz` sends arbitrary bodies, which rarely get past the first check; these reach the tool,
+reasoning and constraint code behind it.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_server import Served
+from test_server_fuzz import ERROR_KEYS, SURROGATE
+
+from specdec import LLM
+from specdec.server import create_app
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant> {% endif %}")
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
+         {"type": "function", "function": {"name": "now", "description": "the time"}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "200"))
+
+
+@pytest.fixture(scope="module")
+def served(think_model_dirs):
+    llm = LLM(think_model_dirs["target"], dtype="float64", max_num_seqs=2, reasoning_parser="deepseek_r1",
+              speculative_config={"method": "draft_model", "model": str(think_model_dirs["draft"]),
+                                  "num_speculative_tokens": 3})
+    server = Served(create_app(llm, served_model_name="tiny", api_key="", chat_template=TEMPLATE,
+                               enable_auto_tool_choice=True, tool_call_parser="hermes"))
+    yield server
+    server.stop()
+
+
+ODD = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.sampled_from(
+    [SURROGATE, "", "x" * 200, 10**30, -1e308, [], {}, [None], {"type": None}, {"name": 3}, "auto", "required",
+     "none", {"type": "function"}, {"type": "function", "function": {"name": "missing"}}, "<think>", "</think>",
+     '{"name": "get_weather"}', {"city": "Oslo"}, [{"type": "text", "text": "hi"}]]))
+CHOICE = st.sampled_from([None, "none", "auto", "required", {"type": "function", "function": {"name": "get_weather"}},
+                          {"type": "function", "function": {"name": "now"}}])
+MESSAGES = st.sampled_from([
+    [{"role": "user", "content": "weather?"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"}],
+    [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>hm</think>hello"},
+     {"role": "user", "content": "again"}],
+])
+SCHEMAS = st.sampled_from([  # tool parameters a grammar may refuse or find hard
+    {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, {"type": "array"}, {"enum": []}, {"type": "string"},
+    {"type": "object", "required": ["x"], "additionalProperties": False}, {"type": "string", "pattern": "("},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 10**9}}, "required": ["s"]},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["n"]},
+    {"type": "object", "properties": {"x": {"type": "nonsense"}}}, {"not": {}}, {"type": "object", "x-odd": SURROGATE},
+    {"anyOf": [{"type": "object"}, {"type": "null"}]}, {"type": ["object", "array"]}, {"$defs": 3},
+])
+CONSTRAINT = st.sampled_from([
+    {}, {"response_format": {"type": "json_object"}}, {"guided_regex": "[ab]{1,3}"}, {"guided_choice": ["yes", "no"]},
+    {"structured_outputs": {"disable_any_whitespace": True}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}}])
+
+
+@st.composite
+def bodies(draw) -> dict:
+    """A valid-looking chat request, then up to three of its fields (or their parts) replaced by odd values."""
+    body = {"model": "tiny", "messages": draw(MESSAGES), "max_tokens": draw(st.integers(1, 6)),
+            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
+    if draw(st.booleans()):
+        body["tools"] = TOOLS
+        if (choice := draw(CHOICE)) is not None:
+            body["tool_choice"] = choice
+        if draw(st.booleans()):
+            body["parallel_tool_calls"] = draw(st.booleans())
+        if draw(st.integers(0, 3)) == 0:
+            body["tools"] = [TOOLS[0], {"type": "function", "function": {"name": "odd", "parameters": draw(SCHEMAS)}}]
+            body["tool_choice"] = draw(st.sampled_from(["required", {"type": "function", "function": {"name": "odd"}},
+                                                        "auto"]))
+    body.update(draw(CONSTRAINT))
+    for key, values in [("stream", st.booleans()), ("n", st.integers(1, 2)), ("logprobs", st.booleans()),
+                        ("top_logprobs", st.integers(0, 2)), ("skip_special_tokens", st.booleans()),
+                        ("stop", st.sampled_from(["a", ["</think>"], "}"])),
+                        ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}])),
+                        ("stream_options", st.sampled_from([{"include_usage": True},
+                                                            {"continuous_usage_stats": True}]))]:
+        if draw(st.booleans()):
+            body[key] = draw(values)
+    if body.get("top_logprobs"):
+        body["logprobs"] = True
+    body = copy.deepcopy(body)  # the constants it shares are not to be mutated
+    for _ in range(draw(st.integers(0, 3))):
+        path = draw(st.sampled_from(sorted(body)))
+        target = body
+        if isinstance(body[path], list) and body[path] and draw(st.booleans()):  # a part of a list field
+            target, path = body[path], draw(st.integers(0, len(body[path]) - 1))
+            if isinstance(target[path], dict) and draw(st.booleans()):
+                target, path = target[path], draw(st.sampled_from(sorted(target[path]) or ["role"]))
+        target[path] = draw(ODD)
+    return body
+
+
+def check_error(error: dict) -> None:
+    assert set(error) == ERROR_KEYS and "Traceback" not in error["message"], error
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=bodies())
+def test_agent_requests_get_an_answer_or_a_clear_4xx(served, body, caplog):
+    raw = json.dumps(body)  # ensure_ascii: a lone surrogate travels as its \\u escape
+    with caplog.at_level("ERROR"), httpx.stream("POST", f"{served.root}/v1/chat/completions", content=raw,
+                                                 headers={"content-type": "application/json"}, timeout=60) as got:
+        text = got.read().decode()
+    event(f"status {got.status_code}")
+    assert got.status_code in (200, 400, 404, 413, 429), (got.status_code, text[:300], raw[:300])
+    if got.status_code != 200:
+        check_error(json.loads(text)["error"])
+    elif body.get("stream") is True:
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert events and events[-1] == "[DONE]", text[-300:]
+        for chunk in map(json.loads, events[:-1]):
+            if "error" in chunk:  # an error found after the stream began: a client's, in OpenAI's shape
+                check_error(chunk["error"])
+                assert chunk["error"]["code"] < 500, (chunk, raw[:300])
+            else:
+                assert all(c["delta"].get("tool_calls") is None or all(
+                    "index" in t for t in c["delta"]["tool_calls"]) for c in chunk["choices"]), chunk
+    else:
+        for choice in json.loads(text)["choices"]:
+            # calls carry JSON arguments unless max_tokens or a stop string cut them (a stop string ends a
+            # constrained output wherever it matches, as in vLLM: docs/structured-output.md, Limits)
+            whole = choice["finish_reason"] != "length" and not isinstance(choice["stop_reason"], str)
+            for call in choice["message"].get("tool_calls") or () if whole else ():
+                json.loads(call["function"]["arguments"])
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
