@@ -11,10 +11,12 @@ import re
 import httpx
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_server import PLAIN, SPEC, Served, draft_dir, make_llm  # noqa: F401
 
 from specdec import SamplingParams, SpecDecError
-from specdec.call_list import CallListReader
+from specdec.call_list import CallReader
 from specdec.server import create_app
 from specdec.server.tool_calls import ToolOutput
 from specdec.structured import StructuredOutputsParams
@@ -76,6 +78,12 @@ def stream(server, body: dict) -> list[dict]:
 
 REQUIRED_TWO = ('[{"name": "get_weather", "parameters": {"city": "O\\"s]}lo", "days": [1, {"n": 2}]}},\n'
                 '  {"name":"get_time","parameters":{ "zone" : "UTC" }}]')
+
+
+HERMES_TWO = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+              '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}</tool_call>'
+              '<tool_call>{"name": "now"}</tool_call>')
+MISTRAL_TWO = 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time[ARGS] {"zone": "UTC"} '
 
 
 def joined_calls(events: list[dict], index: int = 0) -> tuple[str, list[dict], str | None]:
@@ -213,6 +221,8 @@ def test_every_call_has_the_parsers_id_form():
     ("auto", "just text <tool"), ("auto", "text <tool_call>{broken</tool_call>"), ("none", "a <tool_call>{}"),
     ("required", '[{"name": "get_time", "parameters": {"zone": "UTC"}}]'), ("required", '[{"name": '),
     ("required", REQUIRED_TWO), ("required", '[ {"parameters": {"name": "x"} , "name" : "f"} ]'),
+    ("auto", HERMES_TWO), ("auto", MISTRAL_TWO), ("auto", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": [1]}},'
+                                                          ' {"name": "g", "arguments": "{\\"b\\": 2}"}]'),
     ("get_weather", '{"city": "Lima"}')])
 def test_streamed_deltas_add_up_to_the_whole_message(parser, choice, text):
     """Fed in pieces of every size, a stream's content and calls equal the whole response's message."""
@@ -228,6 +238,58 @@ def test_streamed_deltas_add_up_to_the_whole_message(parser, choice, text):
         assert [(c["name"], c["arguments"]) for c in calls] == [
             (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"].get("tool_calls", ())]
         assert all(c["id"] for c in calls)
+
+
+def streamed(output: ToolOutput, text: str, finish: str = "stop") -> list[tuple[int, dict, str | None]]:
+    """``(characters fed, delta, finish reason)`` of ``text`` fed to ``output`` one character at a time."""
+    return [(i + 1, *output.delta(char, finish if i == len(text) - 1 else None)) for i, char in enumerate(text)]
+
+
+def first_deltas(events: list[tuple[int, dict, str | None]]) -> list[tuple[int, int, str]]:
+    """``(characters fed, index, name)`` of each call's first delta."""
+    return [(fed, call["index"], call["function"]["name"]) for fed, delta, _ in events
+            for call in delta.get("tool_calls", ()) if "id" in call]
+
+
+def test_tagged_auto_calls_stream_as_they_are_written():
+    """Hermes' and Mistral's calls go out one by one: each once its name is whole, its arguments as written (a JSON
+    string of arguments once whole, as its text; a call without arguments gets {} at the end)."""
+    events = streamed(ToolOutput("auto", HermesParser(), True), HERMES_TWO)
+    assert first_deltas(events) == [(HERMES_TWO.index('"get_weather"') + 13, 0, "get_weather"),
+                                    (HERMES_TWO.index('"get_time"') + 10, 1, "get_time"),
+                                    (HERMES_TWO.index('"now"') + 5, 2, "now")]
+    content, calls, finish = joined_calls([{"choices": [{"index": 0, "delta": d, "finish_reason": f}]}
+                                           for _, d, f in events])
+    assert content == "Let me check. " and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city": "Oslo"}'),
+                                                            ("get_time", '{"zone": "UTC"}'), ("now", "{}")]
+    middle = HERMES_TWO.index('Oslo')  # the first call's arguments are sent as they come, not at its end
+    assert "".join(c["function"]["arguments"] for fed, d, _ in events if fed <= middle
+                   for c in d.get("tool_calls", ()) if c["index"] == 0) == '{"city": "'
+    events = streamed(ToolOutput("auto", MistralParser(), True), MISTRAL_TWO)
+    assert [(i, name) for _, i, name in first_deltas(events)] == [(0, "get_weather"), (1, "get_time")]
+    assert first_deltas(events)[0][0] == MISTRAL_TWO.index("[ARGS]") + 6
+    single = streamed(ToolOutput("auto", HermesParser(), False), HERMES_TWO)  # parallel_tool_calls false
+    assert [name for _, _, name in first_deltas(single)] == ["get_weather"]
+
+
+def test_whole_output_parsers_hold_their_calls_to_the_end():
+    """Llama 3's JSON and Python-style lists are calls only if the whole output is: sent in one delta at the end."""
+    for parser, text in [(Llama3JsonParser(), '{"name": "get_time", "parameters": {"zone": "UTC"}}'),
+                         (PythonicParser(), '[get_time(zone="UTC")]')]:
+        events = streamed(ToolOutput("auto", parser, True), text)
+        assert [fed for fed, _, _ in first_deltas(events)] == [len(text)] and events[-1][2] == "tool_calls"
+
+
+def test_a_streamed_call_that_turns_out_malformed_stays_sent():
+    """A stream cannot take back a call: a Hermes block that is not JSON after its name has sent the call, and the
+    finish reason stays the engine's; a whole response holds the text as content."""
+    text = 'Hi <tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}} oops</tool_call>'
+    output = ToolOutput("auto", HermesParser(), True)
+    events = streamed(output, text)
+    assert [name for _, _, name in first_deltas(events)] == ["get_time"] and events[-1][2] == "stop"
+    assert ToolOutput("auto", HermesParser(), True).message(text, "stop") == {
+        "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
 
 
 def test_required_calls_stream_one_by_one_as_written():
@@ -277,13 +339,42 @@ def test_a_required_stream_cut_after_a_name_ends_as_cut():
 def test_the_call_list_reader_finds_names_and_arguments_as_they_come():
     """Scalar arguments wait until they end; a key given twice counts its last value (as ``json.loads``); keys
     inside the arguments are not the item's."""
-    reader = CallListReader()
+    reader = CallReader()
     reader.feed('[{"name": "f", "parameters": 12')
     call = reader.calls[0]
     assert call.name == "f" and reader.written(call) == call.start  # the number may go on
     reader.feed('5 }, {"parameters": {"a": 1}, "parameters": "s", "name": "g"}]')
     assert [(c.name, reader.text[c.start:c.end]) for c in reader.calls] == [("f", "125"), ("g", '"s"')]
     assert [(c.name, c.arguments) for c in required_calls(reader.text)] == [("f", "125"), ("g", '"s"')]
+
+
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                              st.text(alphabet='ab"\\]}{[ :,\n\u00e9', max_size=6)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(
+                        st.sampled_from(["name", "arguments", "parameters", "k"]), inner, max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls=st.lists(st.tuples(st.text(max_size=4), st.sampled_from(["arguments", "parameters"]), JSON),
+                      min_size=1, max_size=3),
+       form=st.sampled_from(["list", "list-indented", "compact", "semicolons"]), sizes=st.lists(st.integers(1, 9)))
+def test_the_call_reader_reads_any_json_calls_in_any_pieces(calls, form, sizes):
+    """Every call's name and the span of its arguments, whatever the values, whitespace and pieces; what it says is
+    written is always the start of the value."""
+    items = [{"name": name, key: value} for name, key, value in calls]
+    if form == "semicolons":
+        text = "; ".join(json.dumps(item) for item in items)
+    else:
+        text = json.dumps(items, indent=2 if form == "list-indented" else None,
+                          separators=(",", ":") if form == "compact" else None)
+    reader, at, said = CallReader(), 0, []
+    for size in sizes + [len(text)]:
+        reader.feed(text[at:at + size])
+        at += size
+        said += [(i, reader.written(call)) for i, call in enumerate(reader.calls) if reader.written(call) is not None]
+    assert [(c.name, json.loads(text[c.start:c.end])) for c in reader.calls] == [
+        (item["name"], value) for item, (_, _, value) in zip(items, calls)]
+    assert all(reader.calls[i].start <= written <= reader.calls[i].end for i, written in said)  # never past it
 
 
 # ---------------------------------------------------------------------------------------------- offline

@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specdec.call_list import CallListReader
+from specdec.call_list import CallReader, arguments_text
 from specdec.errors import SpecDecError, short_repr
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -151,8 +151,7 @@ class ToolCall:
 def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] | None:
     """The calls of a ``"required"`` output (a JSON list of ``{"name", "parameters"}``), or None where the text is
     not one (an output cut at ``max_tokens``); ``call_id`` makes their ids. Each call's arguments are its
-    ``parameters`` as the model wrote them (:class:`~specdec.call_list.CallListReader`, which a stream reads them
-    with as they come)."""
+    ``parameters`` as the model wrote them (:func:`json_calls`, as a stream reads them)."""
     try:
         items = json.loads(text)
     except ValueError:
@@ -160,9 +159,22 @@ def required_calls(text: str, call_id: Any = openai_call_id) -> list[ToolCall] |
     if not isinstance(items, list) or not items or not all(
             isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i for i in items):
         return None
-    reader = CallListReader()
+    return json_calls(text, call_id, strings=False)
+
+
+def json_calls(text: str, call_id: Any = openai_call_id, strings: bool = True) -> list[ToolCall]:
+    """The calls in ``text``, well-formed JSON calls (checked before), read by :class:`CallReader`: each call's
+    arguments as the model wrote them, ``{}`` where it gave none. ``strings``: a JSON string value stands for the
+    arguments' JSON text (:func:`arguments_text`; a parser's calls), not for a string argument (``"required"``'s
+    parameters, an instance of their schema)."""
+    reader = CallReader()
     reader.feed(text)
-    return [ToolCall(call.name, text[call.start:call.end], call_id()) for call in reader.calls]
+    return [ToolCall(call.name, "{}" if call.start is None else _value(text[call.start:call.end], strings), call_id())
+            for call in reader.calls]
+
+
+def _value(arguments: str, strings: bool) -> str:
+    return arguments_text(arguments) if strings else arguments
 
 
 def _call_of(value: Any, call_id: Any = openai_call_id) -> ToolCall:
@@ -192,6 +204,11 @@ class ToolParser(Protocol):
         """How many characters of a partial output are surely content (streamed before the output ends), given that
         its first ``start`` are (what was streamed before: a stream is read once)."""
 
+    def call_json(self, text: str, final: bool = False) -> str | None:
+        """The JSON calls (:mod:`specdec.call_list`) surely written in an output so far, for a stream to send as
+        they come: text that only grows as the output does (``final``: the output is whole), or None where the
+        calls are known only once the output is whole (or none has begun)."""
+
 
 def _whole_output_end(text: str, start: int, opening: str, tag: str) -> int:
     """``content_end`` of a parser whose calls are the whole output: none of a partial output while it may be calls
@@ -205,31 +222,37 @@ def _whole_output_end(text: str, start: int, opening: str, tag: str) -> int:
     return len(text)
 
 
-def _tagged_calls(text: str, tag: str, calls_of: Any) -> tuple[str | None, list[ToolCall]]:
+def _tagged_calls(parser: ToolParser, text: str, tag: str, check: Any) -> tuple[str | None, list[ToolCall]]:
     """``parse`` of a parser whose calls follow the content, each block after a ``tag`` holding calls that
-    ``calls_of(block)`` reads (a ValueError where they are malformed): ``(content, calls)``, the content None where
-    only blanks come before the first ``tag``; text whose calls are not all well-formed is all content."""
+    ``check(block)`` accepts (a ValueError where they are malformed), read from ``parser.call_json``:
+    ``(content, calls)``, the content None where only blanks come before the first ``tag``; text whose calls are
+    not all well-formed is all content."""
     start = text.find(tag)
     if start < 0:
         return text, []
     try:
-        calls = [call for block in text[start + len(tag):].split(tag) for call in calls_of(block)]
+        for block in text[start + len(tag):].split(tag):
+            check(block)
     except ValueError:
         return text, []
+    calls = json_calls(parser.call_json(text, final=True), parser.call_id)
     content = text[:start]
     return (content if content.strip() else None, calls) if calls else (text, [])
+
+
+def _unheld(text: str, *tags: str) -> int:
+    """How much of ``text`` may be read now: all but an ending that may begin one of ``tags``."""
+    for keep in range(min(max(map(len, tags)) - 1, len(text)), 0, -1):
+        if any(tag.startswith(text[-keep:]) for tag in tags):
+            return len(text) - keep
+    return len(text)
 
 
 def _tag_content_end(text: str, start: int, tag: str) -> int:
     """``content_end`` of a parser whose calls follow content and begin with ``tag``: up to the first ``tag``, or
     short of an ending that may begin one."""
     found = text.find(tag, start)
-    if found >= 0:
-        return found
-    for keep in range(min(len(tag) - 1, len(text) - start), 0, -1):
-        if tag.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
+    return found if found >= 0 else max(start, _unheld(text, tag))
 
 
 class HermesParser:
@@ -242,10 +265,20 @@ class HermesParser:
     call_id = staticmethod(openai_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return _tagged_calls(text, self.OPEN, lambda block: [_call_of(json.loads(block.split(self.CLOSE, 1)[0]))])
+        return _tagged_calls(self, text, self.OPEN, lambda block: _call_of(json.loads(block.split(self.CLOSE, 1)[0])))
 
     def content_end(self, text: str, start: int = 0) -> int:
         return _tag_content_end(text, start, self.OPEN)
+
+    def call_json(self, text: str, final: bool = False) -> str | None:
+        """Each block's JSON, up to its ``</tool_call>`` (the last one short of an ending that may begin a tag)."""
+        start = text.find(self.OPEN)
+        if start < 0:
+            return None
+        blocks = [block.split(self.CLOSE, 1)[0] for block in text[start + len(self.OPEN):].split(self.OPEN)]
+        if not final and self.CLOSE not in text[text.rfind(self.OPEN):]:
+            blocks[-1] = blocks[-1][:_unheld(blocks[-1], self.OPEN, self.CLOSE)]
+        return "".join(blocks)
 
 
 class Llama3JsonParser:
@@ -277,6 +310,10 @@ class Llama3JsonParser:
 
     def content_end(self, text: str, start: int = 0) -> int:
         return _whole_output_end(text, start, "{", self.TAG)
+
+    def call_json(self, text: str, final: bool = False) -> None:
+        """None: the calls are the whole output, known as calls only once it is whole."""
+        return None
 
 
 class PythonicParser:
@@ -310,6 +347,10 @@ class PythonicParser:
     def content_end(self, text: str, start: int = 0) -> int:
         return _whole_output_end(text, start, "[", self.OPEN)
 
+    def call_json(self, text: str, final: bool = False) -> None:
+        """None: the calls are the whole output, known as calls only once it is whole."""
+        return None
+
 
 class MistralParser:
     """Mistral's calls (Mistral 7B Instruct v0.3, Nemo, Small, Large): the special token ``[TOOL_CALLS]`` and then
@@ -322,25 +363,42 @@ class MistralParser:
     call_id = staticmethod(mistral_call_id)
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return _tagged_calls(text, self.TAG, self._calls)
+        return _tagged_calls(self, text, self.TAG, self._check)
 
-    def _calls(self, block: str) -> list[ToolCall]:
-        """The calls of one ``[TOOL_CALLS]`` block; ValueError where it holds none well-formed."""
+    def _check(self, block: str) -> None:
+        """A ValueError where one ``[TOOL_CALLS]`` block holds no well-formed call."""
         block = block.strip()
         if self.ARGS in block:
             name, arguments = block.split(self.ARGS, 1)
             if not NAME.fullmatch(name.strip()):
                 raise ValueError(f"not a function name: {short_repr(name, SHOWN)}")
             json.loads(arguments)
-            return [ToolCall(name.strip(), arguments.strip(), self.call_id())]
+            return
         value = json.loads(block)
-        calls = [_call_of(item, self.call_id) for item in (value if isinstance(value, list) else [value])]
-        if not calls:
+        if not [_call_of(item) for item in (value if isinstance(value, list) else [value])]:
             raise ValueError("no calls")
-        return calls
 
     def content_end(self, text: str, start: int = 0) -> int:
         return _tag_content_end(text, start, self.TAG)
+
+    def call_json(self, text: str, final: bool = False) -> str | None:
+        """Each block's JSON (the last one short of an ending that may begin a tag); a ``N[ARGS]{...}`` block as
+        ``{"name": N, "arguments": {...}}``, from its ``[ARGS]`` on."""
+        start = text.find(self.TAG)
+        if start < 0:
+            return None
+        blocks = text[start + len(self.TAG):].split(self.TAG)
+        if not final:
+            blocks[-1] = blocks[-1][:_unheld(blocks[-1], self.TAG)]
+        json_text = []
+        for i, block in enumerate(blocks):
+            if block.lstrip()[:1] in ("[", "{"):
+                json_text.append(block)
+            elif self.ARGS in block:
+                name, arguments = block.split(self.ARGS, 1)
+                ended = "}" if final or i < len(blocks) - 1 else ""
+                json_text.append(f'{{"name": {json.dumps(name.strip())}, "arguments": {arguments}{ended}')
+        return "".join(json_text)
 
 
 PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
