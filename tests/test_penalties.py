@@ -249,9 +249,41 @@ def test_greedy_speculation_equals_plain_with_bad_words(text_model_dirs, bad_wor
     assert llm.batch_metrics.num_accepted_tokens > 0
 
 
+def drafts_without_bans(monkeypatch) -> None:
+    """Drafters that draw from adjusted logits no longer ban one-token bad words (as n-gram drafters never do)."""
+    init = specdec.penalties.DraftAdjuster.__init__
+
+    def without_bans(self, seqs):
+        init(self, seqs)
+        self.banned = [[] for _ in seqs]
+
+    monkeypatch.setattr(specdec.penalties.DraftAdjuster, "__init__", without_bans)
+
+
+@pytest.mark.parametrize("drafts_banned", [True, False])
+def test_a_draft_model_drafts_without_one_token_bad_words(text_model_dirs, bad_words_case, monkeypatch,
+                                                          drafts_banned):
+    """The identical draft model with one-token bad words: banned in its drafts too, it proposes what the target
+    samples and every draft is accepted; not banned there, it proposes banned tokens, which the target rejects."""
+    if not drafts_banned:
+        drafts_without_bans(monkeypatch)
+    target_dir, params, _ = bad_words_case
+    llm = LLM(target_dir, dtype="float64", max_num_seqs=4, speculative_config={
+        "method": "draft_model", "model": str(text_model_dirs["draft"]), "num_speculative_tokens": 3})
+    singles = [w for w in params.bad_words if len(llm.tokenizer.encode(w, add_special_tokens=False)) == 1]
+    assert singles, "the test needs one-token bad words"
+    one_token = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, bad_words=singles)
+    llm.generate(TEXT_PROMPTS, one_token)
+    batch = llm.batch_metrics
+    assert (batch.num_accepted_tokens == batch.num_draft_tokens) == drafts_banned, (
+        batch.num_accepted_tokens, batch.num_draft_tokens)
+
+
 def test_bad_words_at_the_pending_column_only_fail(text_model_dirs, bad_words_case, monkeypatch):
-    """The bans left off the drafts' columns: the identical draft model proposes a banned continuation, the target
-    accepts it, and the output is no longer plain decoding's."""
+    """The bans left off the target's draft columns: the identical draft model, its own bans off too (as an n-gram
+    drafter has none), proposes a banned continuation, the target accepts it, and the output is no longer plain
+    decoding's."""
+    drafts_without_bans(monkeypatch)
     ban = specdec.penalties._ban_bad_words
     monkeypatch.setattr(specdec.penalties, "_ban_bad_words",
                         lambda work, seqs, drafts, num_draft, ancestors: ban(work, seqs, None, None, None))

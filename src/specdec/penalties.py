@@ -21,10 +21,11 @@ Column ``j``'s adjusted logits are then exactly the ones plain decoding samples 
 path, so exact verification (greedy matching or rejection sampling, which hold for any draft distribution) keeps
 speculation's output equal to plain decoding's. A drafter that draws from its own logits position by position
 (a draft model, an EAGLE, Medusa or MTP head, layer skip) draws from them adjusted the same way
-(:class:`DraftAdjuster`; bad words excepted, which would read each draft on the host), so that it proposes what
-the adjusted target would; the others (n-gram, suffix, lookahead, trees) propose as without adjustments, which
-costs acceptance, never exactness. ``-inf`` (a banned stop token, a grammar's mask) stays ``-inf`` through every
-adjustment, so their order with :mod:`specdec.min_tokens` and constraints does not matter.
+(:class:`DraftAdjuster`; of the bad words only the one-token ones, which ban their token everywhere: a longer one
+would read each draft on the host), so that it proposes what the adjusted target would; the others (n-gram,
+suffix, lookahead, trees) propose as without adjustments, which costs acceptance, never exactness. ``-inf`` (a
+banned stop token, a grammar's mask) stays ``-inf`` through every adjustment, so their order with
+:mod:`specdec.min_tokens` and constraints does not matter.
 """
 
 from __future__ import annotations
@@ -238,12 +239,14 @@ class DraftAdjuster:
 
     ``seqs``: the rows that adjust; :class:`~specdec.sampling.SamplingBatch` names each of its rows' index here
     (``members``, None for a row that does not adjust). The counts (``[R, V]``, on the logits' device, the output's
-    at first) grow on the device as drafts are drawn: no host read."""
+    at first) grow on the device as drafts are drawn: no host read. A one-token bad word's token is banned at every
+    draft (a longer word's last token is banned by the target's columns only: it depends on the drafts before it)."""
 
     def __init__(self, seqs: list[Sequence]) -> None:
         self.seqs = seqs
         self.counts: torch.Tensor | None = None
         self.prompts: torch.Tensor | None = None  # [R, V], built at the first draft with a repetition penalty
+        self.banned = [[w[0] for w in s.bad_words if len(w) == 1] for s in seqs]  # each row's one-token bad words
 
     def _counts(self, vocab: int, device: torch.device) -> torch.Tensor:
         if self.counts is None:
@@ -263,6 +266,9 @@ class DraftAdjuster:
         out[index] = _apply(logits[index][:, None], [self.seqs[m].params for m in mine],
                             lambda: self._prompts(logits.shape[-1], logits.device)[own],
                             lambda: counts[own][:, None])[:, 0]
+        bans = [(j, token) for j, m in zip(rows, mine) for token in self.banned[m]]
+        if bans:
+            out[tuple(to_device(list(ids), logits.device) for ids in zip(*bans))] = -torch.inf
         return out
 
     def _prompts(self, vocab: int, device: torch.device) -> torch.Tensor:
