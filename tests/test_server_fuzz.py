@@ -1,7 +1,7 @@
 """Bad requests against a served tiny model: each class the server once answered with a 500, a 429
 or a wrong 200 gets a 4xx in OpenAI's shape that names the problem, and a fuzzer sends a few hundred
-generated bodies (surrogates, huge integers, deep nesting, odd types, every field) with 0 x 500 and
-no traceback in the log."""
+generated bodies to the completions, chat and Responses endpoints (surrogates, huge integers, deep
+nesting, odd types, every field) with 0 x 500 and no traceback in the log."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def error(response: httpx.Response, status: int = 400) -> dict:
 
 CHAT = "chat/completions"
 COMPLETIONS = "completions"
+RESPONSES = "responses"
 SURROGATE = "\ud800"
 BAD = [
     # (route, body, words the message must contain, param)
@@ -186,6 +187,7 @@ KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "t
         "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
         "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "tool_choice", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
+        "input", "instructions", "max_output_tokens", "text", "previous_response_id", "reasoning", "include",
         "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
@@ -198,19 +200,27 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
 MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", "tool", "assistant", 3]),
                                            "content": st.one_of(st.text(max_size=8), VALUES)},
                                           optional={"tool_calls": VALUES, "tool_call_id": VALUES}), max_size=3)
+ITEMS = st.one_of(st.text(max_size=8), st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "developer", "assistant", "tool", 3]),
+                           "content": st.one_of(st.text(max_size=8), VALUES)}, optional={"type": VALUES}),
+    st.fixed_dictionaries({"type": st.sampled_from(["function_call", "function_call_output", "reasoning",
+                                                    "input_image", "message"])},
+                          optional={"call_id": VALUES, "name": VALUES, "arguments": VALUES, "output": VALUES,
+                                    "summary": VALUES, "content": VALUES}),
+    VALUES), max_size=3))
 BODIES = st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6)
 
 
 @st.composite
 def requests(draw):
     body = draw(BODIES)
-    route = draw(st.sampled_from([COMPLETIONS, CHAT]))
+    route = draw(st.sampled_from([COMPLETIONS, CHAT, RESPONSES]))
     if draw(st.booleans()):
-        body["prompt" if route == COMPLETIONS else "messages"] = draw(
-            st.one_of(st.text(max_size=10), st.lists(st.integers(-2, 200), max_size=5)) if route == COMPLETIONS
-            else MESSAGES)
-    if draw(st.booleans()):
-        body["max_tokens"] = draw(st.integers(-1, 3))  # keep what generates short
+        main = {COMPLETIONS: "prompt", CHAT: "messages", RESPONSES: "input"}[route]
+        body[main] = draw({COMPLETIONS: st.one_of(st.text(max_size=10), st.lists(st.integers(-2, 200), max_size=5)),
+                           CHAT: MESSAGES, RESPONSES: ITEMS}[route])
+    if draw(st.booleans()):  # keep what generates short
+        body["max_output_tokens" if route == RESPONSES else "max_tokens"] = draw(st.integers(-1, 3))
     raw = json.dumps(body, allow_nan=True)
     mangle = draw(st.sampled_from(["", "", "", "truncate", "nest", "utf16", "bigint"]))
     if mangle == "truncate":

@@ -51,10 +51,15 @@ COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}  # a random m
 HERMES = 'Sure\\. <tool_call>\\{"name":"get_time","arguments":\\{"zone":"UTC"\\}\\}</tool_call>'  # a regex
 
 
+def hermes_app(text_model_dirs, draft_dir):  # noqa: F811
+    """The tiny model served with draft_model speculation, ``TEMPLATE`` and the hermes parser for ``"auto"``."""
+    return create_app(make_llm(text_model_dirs, draft_dir, SPEC), served_model_name="tiny", api_key="",
+                      chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="hermes")
+
+
 @pytest.fixture(scope="module")
 def server(text_model_dirs, draft_dir):  # noqa: F811
-    served = Served(create_app(make_llm(text_model_dirs, draft_dir, SPEC), served_model_name="tiny", api_key="",
-                               chat_template=TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="hermes"))
+    served = Served(hermes_app(text_model_dirs, draft_dir))
     yield served
     served.stop()
 

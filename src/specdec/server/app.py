@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.outputs import TokenLogprobDict
-from specdec.reasoning import ReasoningSplit
+from specdec.server.chat_output import ChatOutputs
 from specdec.server.logprobs import (
     chat_logprobs,
     completion_logprobs,
@@ -42,7 +42,7 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, error_body, new_id, now
 from specdec.server.respond import Choice, Submission, respond
-from specdec.server.tool_calls import ToolOutput
+from specdec.server.responses import ResponseShape, answer
 from specdec.server.worker import EngineWorker, ShuttingDown
 from specdec.tools import PARSERS, tool_parser
 
@@ -255,32 +255,28 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": name}
         req = prepared.request
         num_top = req.top_logprobs or 0
-        outputs = [ToolOutput(req.tool_choice_name(), parser, req.parallel_tool_calls) for _ in range(req.n)]
-        thinking = None if llm.reasoning_parser is None else [  # an output after a prompt that closed it: no thinking
-            ReasoningSplit(bool(llm.thinking(*prepared.prompts[0]))) for _ in range(req.n)]
+        shaped = ChatOutputs(req, parser, None if llm.reasoning_parser is None else  # a prompt that closed it
+                             bool(llm.thinking(*prepared.prompts[0])))
 
         def chunk(index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-            reasoning, text = ("", text) if thinking is None else thinking[index].feed(text, finish is not None)
-            delta, finish = outputs[index].delta(text, finish)
-            return {"index": index, "delta": _with_reasoning(delta, reasoning), "logprobs": logprobs,
-                    "finish_reason": finish}
+            delta, finish = shaped.delta(index, text, finish)
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
         def logprobs(choice: Choice, token_ids: list[int], entries: list[TokenLogprobDict]) -> dict[str, Any]:
             return chat_logprobs(token_ids, entries, num_top, llm.token_texts)
 
-        def body(index: int, text: str, finish: str | None) -> dict[str, Any]:
-            if thinking is None:
-                return outputs[index].message(text, finish)
-            reasoning, text = thinking[index].message(text)
-            shaped = outputs[index].message(text, finish)
-            if reasoning is not None and not shaped["message"]["content"]:
-                shaped["message"]["content"] = None  # thinking alone: no answer
-            return {**shaped, "message": _with_reasoning(shaped["message"], reasoning)}
-
         opening = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
                    for i in range(req.n)]
-        return await respond(request, Submission(state, prepared), req, head, chunk, opening, logprobs, body)
+        return await respond(request, Submission(state, prepared), req, head, chunk, opening, logprobs,
+                             shaped.message)
+
+    @v1.post("/responses")
+    async def responses(request: Request) -> Response:
+        req, prepared = await prepare(request, preparer.responses)
+        chat = ChatOutputs(prepared.request, parser, None if llm.reasoning_parser is None else
+                           bool(llm.thinking(*prepared.prompts[0])))
+        return await answer(request, Submission(state, prepared), ResponseShape(req, name, chat))
 
     app.include_router(v1)
     tokens = APIRouter(dependencies=authorized)  # vLLM's, beside /v1
@@ -336,8 +332,3 @@ def default_llm() -> LLM:
     target, draft = require_default_pair()
     return LLM(str(target), speculative_config={"method": "draft_model", "model": str(draft),
                                                 "num_speculative_tokens": 4}, serving=True)
-
-
-def _with_reasoning(fields: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
-    """A message or delta with ``reasoning_content`` first, where there is any."""
-    return {"reasoning_content": reasoning, **fields} if reasoning else fields

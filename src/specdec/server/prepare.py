@@ -34,6 +34,7 @@ from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
+from specdec.server.responses_request import ResponsesRequest, responses_error
 from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
 from specdec.tools import ToolParser
 
@@ -155,7 +156,18 @@ class Preparer:
                 for text, ids in encoded]
 
     def chat(self, body: bytes) -> Prepared:
-        req: ChatRequest = parse(ChatRequest, read_json(body, self.max_values))
+        return self._chat(read_json(body, self.max_values))
+
+    def responses(self, body: bytes) -> tuple[ResponsesRequest, Prepared]:
+        """A Responses API request and the chat request it amounts to, prepared (:mod:`.responses_request`)."""
+        req: ResponsesRequest = parse(ResponsesRequest, read_json(body, self.max_values))
+        try:
+            return req, self._chat(req.chat_body())
+        except APIError as exc:
+            raise responses_error(exc) from None
+
+    def _chat(self, data: Any) -> Prepared:
+        req: ChatRequest = parse(ChatRequest, data)
         self._check_model(req.model)
         self._check_count(1, req.n)
         conversation = req.conversation()

@@ -135,7 +135,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _collect(request: Request, submission: Submission) -> bool:
+async def collect(request: Request, submission: Submission) -> bool:
     """Wait for every choice; False when the client disconnected first (its sequences are aborted)."""
     watcher = asyncio.ensure_future(_disconnected(request))
     updates = submission.updates()
@@ -236,7 +236,7 @@ async def respond(request: Request, submission: Submission, fields: SamplingFiel
     submission.start()
     if fields.stream:
         return EventStream(events(submission, fields, chunk, opening, head, logprobs, lead), submission)
-    if not await _collect(request, submission):
+    if not await collect(request, submission):
         return Response(status_code=499)  # nobody is listening any more
     choices = []
     wants_logprobs = fields.num_logprobs() is not None

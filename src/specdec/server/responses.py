@@ -1,0 +1,184 @@
+"""The Responses API's answer (``POST /v1/responses``): a chat request's output (:class:`ChatOutputs`: reasoning,
+content and tool calls) as a response object with output items, whole or as its stream of typed events.
+
+Output items, in the order the model wrote them: a ``reasoning`` item (the thinking, where a reasoning parser is
+served), a ``message`` item (the answer, one ``output_text`` part), and one ``function_call`` item per call. A
+stream sends ``response.created`` and ``response.in_progress``; for each item ``response.output_item.added``, its
+part's ``response.content_part.added``, the deltas (``response.reasoning_text.delta``,
+``response.output_text.delta``, ``response.function_call_arguments.delta``), their ``.done`` events and
+``response.output_item.done``; then ``response.completed``, or ``response.incomplete`` for an output cut at
+``max_output_tokens``, with the whole response and its usage. Every event carries its ``sequence_number``. An
+error once the stream has begun is an ``error`` event. A whole response is built by the same steps, so it holds
+what the stream's last event holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from specdec.server.chat_output import ChatOutputs
+from specdec.server.protocol import USAGE_EXTENSION, APIError, now
+from specdec.server.respond import EventStream, Submission, collect
+from specdec.server.responses_request import ResponsesRequest
+
+PARTS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
+"""Each text item's part type and its events' prefix."""
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseShape:
+    """One response being built from its chat deltas (:meth:`feed`, then :meth:`finish`); each step returns the
+    stream events it makes."""
+
+    def __init__(self, req: ResponsesRequest, model: str, chat: ChatOutputs) -> None:
+        self.req, self.model, self.chat = req, model, chat
+        self.id, self.created = _id("resp"), now()
+        self.items: list[dict[str, Any]] = []  # the output items, the last one open while streaming
+        self.open = False
+        self.calls: dict[int, int] = {}  # a chat tool call's index -> its output item's index
+        self.sequence = 0
+
+    def response(self, status: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response object (``status``: in_progress, completed or incomplete)."""
+        req = self.req
+        fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
+        return {"id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": self.model,
+                "output": copy.deepcopy(self.items), "parallel_tool_calls": req.parallel_tool_calls,
+                "previous_response_id": None, "reasoning": req.reasoning, "store": False,
+                "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt or {"type": "text"}},
+                "tool_choice": req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none"),
+                "tools": req.tools or [], "truncation": "disabled", "metadata": req.metadata or {},
+                "user": req.user, "usage": usage}
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **fields}
+
+    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events of one chat delta (a whole message is one delta too)."""
+        events = []
+        if delta.get("reasoning_content"):
+            events += self._text("reasoning", delta["reasoning_content"])
+        if delta.get("content"):
+            events += self._text("message", delta["content"])
+        for call in delta.get("tool_calls") or ():
+            index = call.get("index", len(self.calls))
+            arguments = call["function"].get("arguments") or ""
+            if "id" in call:  # a call's first delta
+                events += self._close()
+                self.calls[index] = len(self.items)
+                item = {"type": "function_call", "id": _id("fc"), "call_id": call["id"],
+                        "name": call["function"]["name"], "arguments": "", "status": "in_progress"}
+                events += self._open(item)
+            if arguments:
+                item = self.items[self.calls[index]]
+                item["arguments"] += arguments
+                events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                         output_index=self.calls[index], delta=arguments))
+        return events
+
+    def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
+        events = []
+        if not (self.open and self.items[-1]["type"] == kind):
+            events += self._close()
+            item = ({"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress", "content": []}
+                    if kind == "message" else {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [],
+                                               "status": "in_progress"})
+            events += self._open(item)
+            part = {"type": PARTS[kind][0], "text": "", **({"annotations": []} if kind == "message" else {})}
+            item["content"].append(part)
+            events.append(self.event("response.content_part.added", item_id=item["id"],
+                                     output_index=len(self.items) - 1, content_index=0, part=dict(part)))
+        item = self.items[-1]
+        item["content"][0]["text"] += text
+        extra = {"logprobs": []} if kind == "message" else {}
+        events.append(self.event(f"{PARTS[kind][1]}.delta", item_id=item["id"], output_index=len(self.items) - 1,
+                                 content_index=0, delta=text, **extra))
+        return events
+
+    def _open(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self.items.append(item)
+        self.open = True
+        return [self.event("response.output_item.added", output_index=len(self.items) - 1, item=copy.deepcopy(item))]
+
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
+        """The ``.done`` events of the open item, which is then whole."""
+        if not self.open:
+            return []
+        self.open = False
+        item, index = self.items[-1], len(self.items) - 1
+        item["status"] = status
+        if item["type"] == "function_call":
+            events = [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                 arguments=item["arguments"])]
+        else:
+            part = item["content"][0]
+            events = [self.event(f"{PARTS[item['type']][1]}.done", item_id=item["id"], output_index=index,
+                                 content_index=0, text=part["text"]),
+                      self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                 content_index=0, part=dict(part))]
+        return events + [self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> tuple[list[dict[str, Any]], dict]:
+        """The closing events and the whole response (its status from the engine's ``finish_reason``)."""
+        status = "incomplete" if finish_reason == "length" else "completed"
+        events = self._close("incomplete" if status == "incomplete" else "completed")
+        response = self.response(status, _usage(usage))
+        events.append(self.event(f"response.{status}", response=response))
+        return events, response
+
+
+def _usage(chat: dict[str, Any]) -> dict[str, Any]:
+    """The Responses API's usage from the chat endpoint's (the speculative metrics kept under their key)."""
+    cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": chat["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": chat["completion_tokens"], "total_tokens": chat["total_tokens"],
+            **({USAGE_EXTENSION: chat[USAGE_EXTENSION]} if USAGE_EXTENSION in chat else {})}
+
+
+def _sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _events(submission: Submission, shape: ResponseShape) -> AsyncIterator[str]:
+    try:
+        yield _sse(shape.event("response.created", response=shape.response("in_progress")))
+        yield _sse(shape.event("response.in_progress", response=shape.response("in_progress")))
+        finish = None
+        async for _, item in submission.updates():
+            finish = item.finish_reason if item.finished else None
+            delta, _ = shape.chat.delta(0, item.text, finish)
+            for event in shape.feed(delta):
+                yield _sse(event)
+        for event in shape.finish(finish, submission.usage())[0]:
+            yield _sse(event)
+    except APIError as exc:
+        yield _sse(shape.event("error", code=exc.code or exc.type, message=exc.message, param=exc.param))
+    finally:
+        submission.close()
+
+
+async def answer(request: Request, submission: Submission, shape: ResponseShape) -> Response:
+    """Start the submission and answer with the response's event stream or, once it finished, the response."""
+    submission.start()
+    if shape.req.stream:
+        return EventStream(_events(submission, shape), submission)
+    if not await collect(request, submission):
+        return Response(status_code=499)  # nobody is listening any more
+    choice = submission.choices[0]
+    shaped = shape.chat.message(0, "".join(choice.pieces), choice.finish_reason)
+    shape.feed({**shaped["message"], "tool_calls": [{**call, "index": i} for i, call in
+                                                     enumerate(shaped["message"].get("tool_calls") or ())]})
+    return JSONResponse(shape.finish(choice.finish_reason, submission.usage())[1])
