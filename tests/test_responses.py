@@ -37,18 +37,20 @@ def post(server, body: dict) -> httpx.Response:
     return httpx.post(f"{server.root}/v1/responses", json={"model": "tiny", **body}, timeout=60)
 
 
-def events(server, body: dict) -> list[dict]:
-    """A streamed response's events; each ``event:`` line names its data's type."""
-    with httpx.stream("POST", f"{server.root}/v1/responses", json={"model": "tiny", "stream": True, **body},
+def typed_events(server, route: str, body: dict) -> list[dict]:
+    """A stream of typed events (the Responses and Messages APIs'); each ``event:`` line names its data's type."""
+    with httpx.stream("POST", f"{server.root}/v1/{route}", json={"model": "tiny", "stream": True, **body},
                       timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert len(lines) % 2 == 0 and "[DONE]" not in "".join(lines)
-    out = []
-    for name, data in zip(lines[::2], lines[1::2]):
-        event = json.loads(data.removeprefix("data: "))
-        assert name == f"event: {event['type']}"
-        out.append(event)
+    out = [json.loads(data.removeprefix("data: ")) for data in lines[1::2]]
+    assert [name.removeprefix("event: ") for name in lines[::2]] == [event["type"] for event in out]
+    return out
+
+
+def events(server, body: dict) -> list[dict]:
+    out = typed_events(server, "responses", body)
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return out
 
@@ -191,7 +193,8 @@ def test_the_shape_of_a_stream_equals_the_whole_for_every_split():
             end = start + size
             finish = "stop" if end >= len(text) else None
             stream += shape.feed(shape.chat.delta(0, text[start:end], finish)[0])
-        return stream + shape.finish("stop", {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3})[0]
+        usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+        return stream + shape.finish("tool_calls", None, usage)[0]
 
     for size in (1, 3, 7, len(text)):
         stream = shaped(size)

@@ -1,7 +1,7 @@
 """Bad requests against a served tiny model: each class the server once answered with a 500, a 429
 or a wrong 200 gets a 4xx in OpenAI's shape that names the problem, and a fuzzer sends a few hundred
-generated bodies to the completions, chat and Responses endpoints (surrogates, huge integers, deep
-nesting, odd types, every field) with 0 x 500 and no traceback in the log."""
+generated bodies to the completions, chat, Responses and Messages endpoints (surrogates, huge
+integers, deep nesting, odd types, every field) with 0 x 500 and no traceback in the log."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def error(response: httpx.Response, status: int = 400) -> dict:
 CHAT = "chat/completions"
 COMPLETIONS = "completions"
 RESPONSES = "responses"
+ANTHROPIC = "messages"  # Anthropic's Messages API: its errors in Anthropic's shape
 SURROGATE = "\ud800"
 BAD = [
     # (route, body, words the message must contain, param)
@@ -188,6 +189,7 @@ KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "t
         "logprobs", "top_logprobs", "best_of", "response_format", "echo", "tools", "tool_choice", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
         "input", "instructions", "max_output_tokens", "text", "previous_response_id", "reasoning", "include",
+        "system", "stop_sequences", "thinking", "output_config",
         "k" + SURROGATE, "zz"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 4), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
@@ -208,17 +210,25 @@ ITEMS = st.one_of(st.text(max_size=8), st.lists(st.one_of(
                           optional={"call_id": VALUES, "name": VALUES, "arguments": VALUES, "output": VALUES,
                                     "summary": VALUES, "content": VALUES}),
     VALUES), max_size=3))
+BLOCKS = st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"])},
+                          optional={"text": VALUES, "id": VALUES, "name": VALUES, "input": VALUES,
+                                    "tool_use_id": VALUES, "content": VALUES, "thinking": VALUES}),
+    VALUES), max_size=3)
+TURNS = st.lists(st.one_of(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", 3]),
+                                                  "content": st.one_of(st.text(max_size=8), BLOCKS, VALUES)}),
+                           VALUES), max_size=3)
 BODIES = st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6)
 
 
 @st.composite
 def requests(draw):
     body = draw(BODIES)
-    route = draw(st.sampled_from([COMPLETIONS, CHAT, RESPONSES]))
+    route = draw(st.sampled_from([COMPLETIONS, CHAT, RESPONSES, ANTHROPIC]))
     if draw(st.booleans()):
-        main = {COMPLETIONS: "prompt", CHAT: "messages", RESPONSES: "input"}[route]
+        main = {COMPLETIONS: "prompt", CHAT: "messages", RESPONSES: "input", ANTHROPIC: "messages"}[route]
         body[main] = draw({COMPLETIONS: st.one_of(st.text(max_size=10), st.lists(st.integers(-2, 200), max_size=5)),
-                           CHAT: MESSAGES, RESPONSES: ITEMS}[route])
+                           CHAT: MESSAGES, RESPONSES: ITEMS, ANTHROPIC: TURNS}[route])
     if draw(st.booleans()):  # keep what generates short
         body["max_output_tokens" if route == RESPONSES else "max_tokens"] = draw(st.integers(-1, 3))
     raw = json.dumps(body, allow_nan=True)
@@ -242,6 +252,9 @@ def test_fuzzed_requests_never_get_a_500(served, case, caplog):
     with caplog.at_level("ERROR"):
         response = post(served, route, body)
     assert response.status_code in (200, 400, 404, 413, 429), (response.status_code, response.text[:300])
-    if response.status_code != 200:
+    if response.status_code != 200 and route == ANTHROPIC:
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif response.status_code != 200:
         error(response, response.status_code)
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]

@@ -38,11 +38,12 @@ from specdec.server.logprobs import (
     completion_logprobs,
     prompt_completion_logprobs,
 )
+from specdec.server.messages import MessageShape, anthropic_error
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, error_body, new_id, now
-from specdec.server.respond import Choice, Submission, respond
-from specdec.server.responses import ResponseShape, answer
+from specdec.server.respond import Choice, Submission, answer_shaped, respond
+from specdec.server.responses import ResponseShape
 from specdec.server.worker import EngineWorker, ShuttingDown
 from specdec.tools import PARSERS, tool_parser
 
@@ -50,6 +51,7 @@ DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
 RETRY_AFTER = 1
+MESSAGES_PATH = "/v1/messages"  # Anthropic's endpoints: their errors in Anthropic's shape
 """Seconds a 429 (queue full) or 503 (shutting down) tells a client to wait (``Retry-After``: the ``openai`` client
 waits that long before its retry, where it would back off on its own otherwise)."""
 
@@ -99,10 +101,12 @@ def _authorize_with(state: ServerState):
         if state.api_key_digest is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if "x-api-key" in request.headers:  # Anthropic's clients' header
+            scheme, token = "bearer", request.headers["x-api-key"]
         given = hashlib.sha256(token.strip().encode()).digest()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, state.api_key_digest):
-            raise APIError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                           "invalid_request_error", code="invalid_api_key")
+            raise APIError(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>' (or "
+                                "'x-api-key: <key>')", "invalid_request_error", code="invalid_api_key")
 
     return authorize
 
@@ -118,7 +122,9 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = JSONResponse(self._error().body(), status_code=413)
+            error = self._error()
+            body = anthropic_error(413, error.message) if scope["path"].startswith(MESSAGES_PATH) else error.body()
+            response = JSONResponse(body, status_code=413)
             return await response(scope, receive, send)
         seen = 0
 
@@ -276,7 +282,19 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         req, prepared = await prepare(request, preparer.responses)
         chat = ChatOutputs(prepared.request, parser, None if llm.reasoning_parser is None else
                            bool(llm.thinking(*prepared.prompts[0])))
-        return await answer(request, Submission(state, prepared), ResponseShape(req, name, chat))
+        return await answer_shaped(request, Submission(state, prepared), ResponseShape(req, name, chat))
+
+    @v1.post("/messages")
+    async def messages(request: Request) -> Response:
+        req, prepared = await prepare(request, preparer.messages)
+        chat = ChatOutputs(prepared.request, parser, None if llm.reasoning_parser is None else
+                           bool(llm.thinking(*prepared.prompts[0])))
+        shape = MessageShape(req, name, chat, len(prepared.prompts[0][1]))
+        return await answer_shaped(request, Submission(state, prepared), shape)
+
+    @v1.post("/messages/count_tokens")
+    async def count_tokens(request: Request) -> dict[str, Any]:
+        return await prepare(request, preparer.count_tokens)
 
     app.include_router(v1)
     tokens = APIRouter(dependencies=authorized)  # vLLM's, beside /v1
@@ -305,19 +323,25 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: APIError) -> Response:
+    """Every error in OpenAI's shape, or in Anthropic's under ``/v1/messages``."""
+    def shaped(request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+               ) -> Response:
+        if request.url.path.startswith(MESSAGES_PATH):
+            body = anthropic_error(status, body["error"]["message"])
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    async def api_error(request: Request, exc: APIError) -> Response:
         retry = {"Retry-After": str(RETRY_AFTER)} if exc.status in (429, 503) else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=retry)
+        return shaped(request, exc.status, exc.body(), retry)
 
-    async def bad_input(_: Request, exc: SpecDecError) -> Response:
-        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+    async def bad_input(request: Request, exc: SpecDecError) -> Response:
+        return shaped(request, 400, error_body(str(exc), "invalid_request_error"))
 
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return shaped(request, exc.status_code, error_body(str(exc.detail), "invalid_request_error"))
 
-    async def internal(_: Request, exc: Exception) -> Response:  # Starlette logs the exception itself
-        return JSONResponse(error_body("internal server error (see the server log)", "server_error"),
-                            status_code=500)
+    async def internal(request: Request, exc: Exception) -> Response:  # Starlette logs the exception itself
+        return shaped(request, 500, error_body("internal server error (see the server log)", "server_error"))
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(SpecDecError, bad_input)

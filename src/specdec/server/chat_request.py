@@ -1,9 +1,12 @@
 """The chat endpoint's request: OpenAI's messages (with earlier tool calls and their results), vLLM's rendering
 options, and the tools with the tool choice (:mod:`specdec.tools`), on top of the fields both endpoints share
-(:class:`~specdec.server.protocol.SamplingFields`)."""
+(:class:`~specdec.server.protocol.SamplingFields`). Other APIs' requests read as the chat request they amount to
+(the Responses API, Anthropic's Messages API) carry its sampling extensions (:class:`ChatExtensions`) and have its
+errors named by their own fields (:func:`chat_error_as`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator, model_validator
@@ -133,3 +136,46 @@ class ChatRequest(SamplingFields, ChatRendering):
             return StructuredOutputsParams.from_dict({**(self.structured_outputs or {}), "json": forced})
         except SpecDecError as exc:
             raise APIError(400, str(exc), param="structured_outputs" if self.structured_outputs else "tools") from None
+
+
+class ChatExtensions(StrictModel):
+    """The chat request's sampling and rendering extensions (vLLM's) that another API's request may send too
+    (``extra_body`` in its client); they go to the chat request as they are and are checked there."""
+
+    top_k: Any = None
+    min_p: Any = None
+    seed: Any = None
+    stop_token_ids: Any = None
+    ignore_eos: Any = None
+    min_tokens: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    bad_words: Any = None
+    skip_special_tokens: Any = None
+    structured_outputs: Any = None
+    chat_template_kwargs: Any = None
+
+    def extensions(self) -> dict[str, Any]:
+        """The extensions sent, as chat fields."""
+        return {name: getattr(self, name) for name in ChatExtensions.model_fields if getattr(self, name) is not None}
+
+
+SAID = {"max_completion_tokens": ("max_tokens",), "response_format": ("structured_outputs",)}
+"""Other names the chat request's messages give a field (its older name, the constraint it becomes)."""
+
+
+def chat_error_as(exc: APIError, fields: dict[str, str], conversation: str) -> APIError:
+    """A chat request's error as another API names its fields (``fields``: chat field -> that API's); any message's
+    error is ``conversation``'s, without an index (system prompts, merged calls and split tool results move them)."""
+    base = re.match(r"[a-z_]*", exc.param or "").group(0)
+    target = fields.get(base)
+    if target is None or target == base and base != "messages":
+        return exc
+    if base == "messages":
+        return APIError(exc.status, re.sub(r"^messages(\[\d+\])?", conversation, exc.message), exc.type,
+                        conversation, exc.code)
+    said = "|".join((base, *SAID.get(base, ())))
+    message = re.sub(rf"(?<![\w.])({said})(?![\w])", target, exc.message)
+    return APIError(exc.status, message, exc.type, target + exc.param[len(base):], exc.code)

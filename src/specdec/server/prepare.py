@@ -25,6 +25,7 @@ Limits (each refusal is a 400 that states its limit):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from specdec.chat import chat_prompt, has_template, render
 from specdec.errors import SpecDecError
 from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
+from specdec.server.messages_request import MessagesRequest, messages_error
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
 from specdec.server.responses_request import ResponsesRequest, responses_error
 from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
@@ -160,11 +162,30 @@ class Preparer:
 
     def responses(self, body: bytes) -> tuple[ResponsesRequest, Prepared]:
         """A Responses API request and the chat request it amounts to, prepared (:mod:`.responses_request`)."""
-        req: ResponsesRequest = parse(ResponsesRequest, read_json(body, self.max_values))
+        return self._translated(body, ResponsesRequest, responses_error)
+
+    def messages(self, body: bytes) -> tuple[MessagesRequest, Prepared]:
+        """An Anthropic Messages request and the chat request it amounts to, prepared (:mod:`.messages_request`)."""
+        return self._translated(body, MessagesRequest, messages_error)
+
+    def _translated(self, body: bytes, model: type, errors: Callable[[APIError], APIError]) -> tuple[Any, Prepared]:
+        """Another API's request (``model``, with ``chat_body()``) and its chat request, prepared; the chat's errors
+        named by ``errors`` in that API's fields."""
+        req = parse(model, read_json(body, self.max_values))
+        chat = req.chat_body()  # its errors name that API's fields already
         try:
-            return req, self._chat(req.chat_body())
+            return req, self._chat(chat)
         except APIError as exc:
-            raise responses_error(exc) from None
+            raise errors(exc) from None
+
+    def count_tokens(self, body: bytes) -> dict[str, Any]:
+        """``/v1/messages/count_tokens``'s answer: the prompt's tokens, as the Messages request would be fed."""
+        req: MessagesRequest = parse(MessagesRequest, read_json(body, self.max_values))
+        chat = req.chat_body(generate=False)
+        try:
+            return {"input_tokens": len(self._chat(chat).prompts[0][1])}
+        except APIError as exc:
+            raise messages_error(exc) from None
 
     def _chat(self, data: Any) -> Prepared:
         req: ChatRequest = parse(ChatRequest, data)

@@ -2,8 +2,10 @@
 
 A :class:`Submission` holds the jobs of one request (prompts x ``n`` choices) on one outbox and what each choice
 (:class:`Choice`) has received; :func:`respond` starts it and answers with server-sent events (:func:`events`:
-chunks as outputs arrive, in the endpoint's shape) or, once every choice finished, one JSON body. A client that
-disconnects has its sequences aborted.
+chunks as outputs arrive, in the endpoint's shape) or, once every choice finished, one JSON body. The APIs whose
+answer is built from a chat's outputs (the Responses API, Anthropic's Messages API) answer through
+:func:`answer_shaped` with their :class:`OutputShape`, whole or as typed events. A client that disconnects has its
+sequences aborted.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,6 +29,7 @@ from specdec.structured.state import GrammarEngineError
 
 if TYPE_CHECKING:
     from specdec.server.app import ServerState
+    from specdec.server.chat_output import ChatOutputs
 
 
 class Choice:
@@ -249,3 +252,63 @@ async def respond(request: Request, submission: Submission, fields: SamplingFiel
                 submission.choices[index - index % fields.n].prompt_logprobs)
     obj = "chat.completion" if head["object"] == "chat.completion.chunk" else "text_completion"
     return JSONResponse({**head, "object": obj, "choices": choices, "usage": submission.usage()})
+
+
+class OutputShape(Protocol):
+    """One answer of an API built from a single chat choice's outputs (``chat``: their reasoning, content and tool
+    calls), as typed events: each step returns the events it makes, the last one the whole answer too."""
+
+    chat: ChatOutputs
+    stream: bool
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The events before any output."""
+
+    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events of one chat delta (a whole message is one delta too, its calls indexed)."""
+
+    def finish(self, finish_reason: str | None, stop_reason: str | int | None, usage: dict[str, Any]
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The closing events and the whole answer (``finish_reason`` as the chat shapes it)."""
+
+    def error(self, exc: APIError) -> dict[str, Any]:
+        """The event of an error once the stream has begun."""
+
+
+def typed_sse(event: dict[str, Any]) -> str:
+    """A typed event: its ``event:`` line names its ``type``."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _typed_events(submission: Submission, shape: OutputShape) -> AsyncIterator[str]:
+    try:
+        for event in shape.opening():
+            yield typed_sse(event)
+        shaped = None  # the finish reason as the chat shapes it (tool_calls where the output was calls)
+        async for _, item in submission.updates():
+            delta, finish = shape.chat.delta(0, item.text, item.finish_reason if item.finished else None)
+            shaped = finish or shaped
+            for event in shape.feed(delta):
+                yield typed_sse(event)
+        for event in shape.finish(shaped, submission.choices[0].stop_reason, submission.usage())[0]:
+            yield typed_sse(event)
+    except APIError as exc:
+        yield typed_sse(shape.error(exc))
+    finally:
+        submission.close()
+
+
+async def answer_shaped(request: Request, submission: Submission, shape: OutputShape) -> Response:
+    """Start the submission (one choice) and answer with ``shape``'s event stream or, once it finished, its whole
+    answer."""
+    submission.start()
+    if shape.stream:
+        return EventStream(_typed_events(submission, shape), submission)
+    if not await collect(request, submission):
+        return Response(status_code=499)  # nobody is listening any more
+    choice = submission.choices[0]
+    shaped = shape.chat.message(0, "".join(choice.pieces), choice.finish_reason)
+    message = shaped["message"]
+    shape.feed({**message, "tool_calls": [{**call, "index": i} for i, call in enumerate(message.get("tool_calls")
+                                                                                        or ())]})
+    return JSONResponse(shape.finish(shaped["finish_reason"], choice.stop_reason, submission.usage())[1])

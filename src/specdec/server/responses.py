@@ -15,17 +15,11 @@ what the stream's last event holds.
 from __future__ import annotations
 
 import copy
-import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
-
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
 
 from specdec.server.chat_output import ChatOutputs
 from specdec.server.protocol import USAGE_EXTENSION, APIError, now
-from specdec.server.respond import EventStream, Submission, collect
 from specdec.server.responses_request import ResponsesRequest
 
 PARTS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
@@ -41,7 +35,7 @@ class ResponseShape:
     stream events it makes."""
 
     def __init__(self, req: ResponsesRequest, model: str, chat: ChatOutputs) -> None:
-        self.req, self.model, self.chat = req, model, chat
+        self.req, self.model, self.chat, self.stream = req, model, chat, req.stream
         self.id, self.created = _id("resp"), now()
         self.items: list[dict[str, Any]] = []  # the output items, the last one open while streaming
         self.open = False
@@ -61,6 +55,13 @@ class ResponseShape:
                 "tool_choice": req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none"),
                 "tools": req.tools or [], "truncation": "disabled", "metadata": req.metadata or {},
                 "user": req.user, "usage": usage}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.event(kind, response=self.response("in_progress"))
+                for kind in ("response.created", "response.in_progress")]
+
+    def error(self, exc: APIError) -> dict[str, Any]:
+        return self.event("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -131,8 +132,9 @@ class ResponseShape:
                                  content_index=0, part=dict(part))]
         return events + [self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
 
-    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> tuple[list[dict[str, Any]], dict]:
-        """The closing events and the whole response (its status from the engine's ``finish_reason``)."""
+    def finish(self, finish_reason: str | None, stop_reason: str | int | None, usage: dict[str, Any]
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The closing events and the whole response (incomplete where ``finish_reason`` is length)."""
         status = "incomplete" if finish_reason == "length" else "completed"
         events = self._close("incomplete" if status == "incomplete" else "completed")
         response = self.response(status, _usage(usage))
@@ -146,39 +148,3 @@ def _usage(chat: dict[str, Any]) -> dict[str, Any]:
     return {"input_tokens": chat["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": chat["completion_tokens"], "total_tokens": chat["total_tokens"],
             **({USAGE_EXTENSION: chat[USAGE_EXTENSION]} if USAGE_EXTENSION in chat else {})}
-
-
-def _sse(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-
-
-async def _events(submission: Submission, shape: ResponseShape) -> AsyncIterator[str]:
-    try:
-        yield _sse(shape.event("response.created", response=shape.response("in_progress")))
-        yield _sse(shape.event("response.in_progress", response=shape.response("in_progress")))
-        finish = None
-        async for _, item in submission.updates():
-            finish = item.finish_reason if item.finished else None
-            delta, _ = shape.chat.delta(0, item.text, finish)
-            for event in shape.feed(delta):
-                yield _sse(event)
-        for event in shape.finish(finish, submission.usage())[0]:
-            yield _sse(event)
-    except APIError as exc:
-        yield _sse(shape.event("error", code=exc.code or exc.type, message=exc.message, param=exc.param))
-    finally:
-        submission.close()
-
-
-async def answer(request: Request, submission: Submission, shape: ResponseShape) -> Response:
-    """Start the submission and answer with the response's event stream or, once it finished, the response."""
-    submission.start()
-    if shape.req.stream:
-        return EventStream(_events(submission, shape), submission)
-    if not await collect(request, submission):
-        return Response(status_code=499)  # nobody is listening any more
-    choice = submission.choices[0]
-    shaped = shape.chat.message(0, "".join(choice.pieces), choice.finish_reason)
-    shape.feed({**shaped["message"], "tool_calls": [{**call, "index": i} for i, call in
-                                                     enumerate(shaped["message"].get("tool_calls") or ())]})
-    return JSONResponse(shape.finish(choice.finish_reason, submission.usage())[1])

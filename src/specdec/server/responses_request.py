@@ -5,7 +5,8 @@ send), read as the chat request it amounts to.
 ``function_call_output``, and ``reasoning`` items as clients echo them back) and ``instructions`` become chat
 messages; the flat function ``tools`` become chat tools; ``text.format`` becomes ``response_format``;
 ``max_output_tokens`` becomes ``max_completion_tokens``; the chat request's sampling extensions
-(:data:`EXTENSIONS`: ``top_k``, ``seed``, ``stop``, ``structured_outputs``, ...) pass as they are. Everything after
+(:class:`~specdec.server.chat_request.ChatExtensions`: ``top_k``, ``seed``, ``structured_outputs``, ..., and
+``stop``) pass as they are. Everything after
 that is the chat endpoint's: the same checks, tool calling, reasoning split and constraints
 (:mod:`specdec.server.chat_request`), and an error in a chat field is reported under the Responses field it came
 from (:data:`CHAT_FIELDS`).
@@ -17,19 +18,13 @@ search, code interpreter, ...), images and files in the input, ``truncation: "au
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field
 
 from specdec.errors import short_repr
+from specdec.server.chat_request import ChatExtensions, chat_error_as
 from specdec.server.protocol import APIError, StrictModel, parse
-
-EXTENSIONS = ("top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "presence_penalty",
-              "frequency_penalty", "repetition_penalty", "logit_bias", "bad_words", "skip_special_tokens",
-              "structured_outputs", "chat_template_kwargs")
-"""The chat request's sampling and rendering extensions a Responses request may send too (``extra_body`` in
-OpenAI's client); they go to the chat request as they are and are checked there."""
 
 CHAT_FIELDS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
                "tools": "tools", "tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls",
@@ -122,7 +117,7 @@ class TextOptions(StrictModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(StrictModel):
+class ResponsesRequest(ChatExtensions):
     """``POST /v1/responses``. ``max_output_tokens`` defaults to what is left of ``max_model_len``."""
 
     model: str | None = None
@@ -149,21 +144,7 @@ class ResponsesRequest(StrictModel):
     top_logprobs: Literal[0] | None = None
     reasoning: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
-    top_k: Any = None
-    min_p: Any = None
-    seed: Any = None
     stop: Any = None
-    stop_token_ids: Any = None
-    ignore_eos: Any = None
-    min_tokens: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
-    bad_words: Any = None
-    skip_special_tokens: Any = None
-    structured_outputs: Any = None
-    chat_template_kwargs: Any = None
 
     def items(self) -> list[InputItem]:
         """``input`` as items (a string is one user message); a bad item is a 400 naming it."""
@@ -194,7 +175,7 @@ class ResponsesRequest(StrictModel):
         body: dict[str, Any] = {"model": self.model, "messages": self.messages(), "temperature": self.temperature,
                                 "top_p": self.top_p, "stream": self.stream,
                                 "parallel_tool_calls": self.parallel_tool_calls}
-        body.update({name: getattr(self, name) for name in EXTENSIONS if getattr(self, name) is not None})
+        body.update({**self.extensions(), **({"stop": self.stop} if self.stop is not None else {})})
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
         if self.tools:
@@ -261,15 +242,5 @@ class ResponsesRequest(StrictModel):
 
 
 def responses_error(exc: APIError) -> APIError:
-    """A chat request's error, named by the Responses field it came from (any message is ``input``: instructions
-    and merged calls move the indices)."""
-    base = re.match(r"[a-z_]*", exc.param or "").group(0)
-    target = CHAT_FIELDS.get(base)
-    if target is None or target == base:
-        return exc
-    if base == "messages":
-        return APIError(exc.status, re.sub(r"^messages(\[\d+\])?", "input", exc.message), exc.type, "input", exc.code)
-    said = re.match(r"max_tokens\b" if base == "max_completion_tokens" else "", exc.message)  # chat's older name
-    named = base if exc.message.startswith(base) else said.group(0) if said and said.group(0) else None
-    message = target + exc.message[len(named):] if named else exc.message
-    return APIError(exc.status, message, exc.type, target + exc.param[len(base):], exc.code)
+    """A chat request's error, named by the Responses field it came from."""
+    return chat_error_as(exc, CHAT_FIELDS, "input")
