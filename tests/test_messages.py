@@ -222,6 +222,7 @@ BAD = [
     ({"max_tokens": None}, "max_tokens is required"),
     ({"max_tokens": 0}, "max_tokens must be"),
     ({"messages": []}, "empty"),
+    ({"system": 3}, "system must be a string or a list of"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0] must be"),
     ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0] must be"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "no images"),

@@ -247,6 +247,7 @@ BAD = [
     ({"tools": [{"type": "function"}]}, "tools[0]", "must be"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]", "no images"),
     ({"input": []}, "input", "empty"),
+    ({"input": 3}, "input", "a string or a list of items"),
     ({"input": [{"type": ["message"]}]}, "input[0]", "must be an item"),  # was a 500 (found by the fuzzer)
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content",
      "input[0]"),

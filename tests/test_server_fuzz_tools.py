@@ -2,6 +2,8 @@
 constraints, logprobs and streaming, each with a few fields replaced by odd values, against a reasoning model
 served with speculation, Hermes' tool-call parser and ``--enable-auto-tool-choice``. Every answer is a 200 or a 4xx
 in OpenAI's shape, a stream ends with ``[DONE]`` and any error in it is a client's, and nothing logs a traceback.
+The same for the Responses API's and Anthropic's Messages API's requests (items, flat tools, content blocks,
+thinking, their formats), whose streams are typed events and whose errors are in their own shapes.
 
 (:mod:`test_server_fuzz` sends arbitrary bodies, which rarely get past the first check; these reach the tool,
 reasoning and constraint code behind it.)"""
@@ -71,6 +73,27 @@ CONSTRAINT = st.sampled_from([
     {"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}}])
 
 
+def mutate(draw, body: dict) -> dict:
+    """``body`` (copied) with up to three of its fields, or their parts, replaced by odd values."""
+    body = copy.deepcopy(body)  # the constants it shares are not to be mutated
+    for _ in range(draw(st.integers(0, 3))):
+        path = draw(st.sampled_from(sorted(body)))
+        target = body
+        if isinstance(body[path], list) and body[path] and draw(st.booleans()):  # a part of a list field
+            target, path = body[path], draw(st.integers(0, len(body[path]) - 1))
+            if isinstance(target[path], dict) and draw(st.booleans()):
+                target, path = target[path], draw(st.sampled_from(sorted(target[path]) or ["role"]))
+        target[path] = draw(ODD)
+    return body
+
+
+def options(draw, body: dict, choices: list[tuple[str, st.SearchStrategy]]) -> dict:
+    for key, values in choices:
+        if draw(st.booleans()):
+            body[key] = draw(values)
+    return body
+
+
 @st.composite
 def bodies(draw) -> dict:
     """A valid-looking chat request, then up to three of its fields (or their parts) replaced by odd values."""
@@ -87,26 +110,88 @@ def bodies(draw) -> dict:
             body["tool_choice"] = draw(st.sampled_from(["required", {"type": "function", "function": {"name": "odd"}},
                                                         "auto"]))
     body.update(draw(CONSTRAINT))
-    for key, values in [("stream", st.booleans()), ("n", st.integers(1, 2)), ("logprobs", st.booleans()),
-                        ("top_logprobs", st.integers(0, 2)), ("skip_special_tokens", st.booleans()),
-                        ("stop", st.sampled_from(["a", ["</think>"], "}"])),
-                        ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}])),
-                        ("stream_options", st.sampled_from([{"include_usage": True},
-                                                            {"continuous_usage_stats": True}]))]:
-        if draw(st.booleans()):
-            body[key] = draw(values)
+    options(draw, body, [("stream", st.booleans()), ("n", st.integers(1, 2)), ("logprobs", st.booleans()),
+                         ("top_logprobs", st.integers(0, 2)), ("skip_special_tokens", st.booleans()),
+                         ("stop", st.sampled_from(["a", ["</think>"], "}"])),
+                         ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}])),
+                         ("stream_options", st.sampled_from([{"include_usage": True},
+                                                             {"continuous_usage_stats": True}]))])
     if body.get("top_logprobs"):
         body["logprobs"] = True
-    body = copy.deepcopy(body)  # the constants it shares are not to be mutated
-    for _ in range(draw(st.integers(0, 3))):
-        path = draw(st.sampled_from(sorted(body)))
-        target = body
-        if isinstance(body[path], list) and body[path] and draw(st.booleans()):  # a part of a list field
-            target, path = body[path], draw(st.integers(0, len(body[path]) - 1))
-            if isinstance(target[path], dict) and draw(st.booleans()):
-                target, path = target[path], draw(st.sampled_from(sorted(target[path]) or ["role"]))
-        target[path] = draw(ODD)
-    return body
+    return mutate(draw, body)
+
+
+FLAT = [{"type": "function", "name": "get_weather", "parameters": CITY}, {"type": "function", "name": "now"}]
+ITEMS = st.sampled_from([
+    "weather?",
+    [{"role": "developer", "content": "be brief"}, {"role": "user", "content": [{"type": "input_text",
+                                                                                 "text": "weather?"}]}],
+    [{"role": "user", "content": "weather?"},
+     {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "ask"}]},
+     {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+     {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+])
+
+
+@st.composite
+def responses_bodies(draw) -> dict:
+    """A valid-looking Responses API request, then up to three of its fields replaced by odd values."""
+    body = {"model": "tiny", "input": draw(ITEMS), "max_output_tokens": draw(st.integers(1, 6)),
+            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
+    if draw(st.booleans()):
+        body["tools"] = FLAT
+        if (choice := draw(st.sampled_from([None, "none", "auto", "required", {"type": "function", "name": "now"},
+                                            {"type": "function", "name": "get_weather"}]))) is not None:
+            body["tool_choice"] = choice
+    options(draw, body, [("stream", st.booleans()), ("parallel_tool_calls", st.booleans()),
+                         ("instructions", st.sampled_from(["be brief", "<think>"])),
+                         ("text", st.sampled_from([{"format": {"type": "json_object"}},
+                                                   {"format": {"type": "json_schema", "name": "c", "schema": CITY}},
+                                                   {"format": {"type": "text"}}])),
+                         ("structured_outputs", st.sampled_from([{"disable_any_whitespace": True},
+                                                                 {"regex": "[ab]{1,3}"}])),
+                         ("stop", st.sampled_from(["a", ["</think>"], "}"])),
+                         ("reasoning", st.sampled_from([{"effort": "low"}, {}])),
+                         ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}]))])
+    return mutate(draw, body)
+
+
+A_TOOLS = [{"name": "get_weather", "input_schema": CITY}, {"name": "now", "input_schema": {"type": "object"},
+                                                            "description": "the time"}]
+TURNS = st.sampled_from([
+    [{"role": "user", "content": "weather?"}],
+    [{"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+     {"role": "assistant", "content": [{"type": "thinking", "thinking": "ask", "signature": ""},
+                                       {"type": "tool_use", "id": "t1", "name": "get_weather",
+                                        "input": {"city": "Oslo"}}]},
+     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}],
+])
+
+
+@st.composite
+def messages_bodies(draw) -> dict:
+    """A valid-looking Anthropic Messages request, then up to three of its fields replaced by odd values."""
+    body = {"model": "tiny", "messages": draw(TURNS), "max_tokens": draw(st.integers(1, 6)),
+            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
+    if draw(st.booleans()):
+        body["tools"] = A_TOOLS
+        if (choice := draw(st.sampled_from([None, {"type": "none"}, {"type": "auto"}, {"type": "any"},
+                                            {"type": "tool", "name": "now"},
+                                            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+                                            ]))) is not None:
+            body["tool_choice"] = choice
+    options(draw, body, [("stream", st.booleans()), ("system", st.sampled_from(["be brief",
+                                                                                [{"type": "text", "text": "s"}]])),
+                         ("thinking", st.sampled_from([{"type": "enabled", "budget_tokens": 8}, {"type": "disabled"},
+                                                       {"type": "adaptive"}])),
+                         ("output_config", st.sampled_from([{"format": {"type": "json_schema", "schema": CITY}},
+                                                            {"effort": "low"}])),
+                         ("structured_outputs", st.sampled_from([{"disable_any_whitespace": True},
+                                                                 {"regex": "[ab]{1,3}"}])),
+                         ("stop_sequences", st.sampled_from([["a"], ["</think>"], ["}"]])),
+                         ("top_k", st.integers(0, 3))])
+    return mutate(draw, body)
 
 
 def check_error(error: dict) -> None:
@@ -142,4 +227,73 @@ def test_agent_requests_get_an_answer_or_a_clear_4xx(served, body, caplog):
             whole = choice["finish_reason"] != "length" and not isinstance(choice["stop_reason"], str)
             for call in choice["message"].get("tool_calls") or () if whole else ():
                 json.loads(call["function"]["arguments"])
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def typed_stream(text: str) -> list[dict]:
+    """The events of a typed stream (``event:`` and ``data:`` lines)."""
+    lines = [line for line in text.splitlines() if line]
+    events = [json.loads(line[6:]) for line in lines[1::2]]
+    assert [line[7:] for line in lines[::2]] == [e["type"] for e in events], text[-300:]
+    return events
+
+
+def check_response(body: dict, status: int, text: str) -> None:
+    """A Responses API answer: an error in OpenAI's shape; a stream that ends with the whole response (or a
+    client's error); calls whose arguments are JSON where the response completed."""
+    if status != 200:
+        return check_error(json.loads(text)["error"])
+    if body.get("stream") is True:
+        events = typed_stream(text)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        if events[-1]["type"] == "error":  # a client's
+            assert events[-1]["code"] != "server_error", events[-1]
+            return
+        assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+        response = events[-1]["response"]
+    else:
+        response = json.loads(text)
+    stopped = isinstance(body.get("stop"), str | list)  # a stop string may cut a call (docs: Limits)
+    for item in response["output"] if response["status"] == "completed" and not stopped else ():
+        if item["type"] == "function_call":
+            json.loads(item["arguments"])
+
+
+def check_message(body: dict, status: int, text: str) -> None:
+    """A Messages API answer: an error in Anthropic's shape; a stream of Anthropic's events that ends with
+    message_stop (or an error event)."""
+    if status != 200:
+        error = json.loads(text)
+        assert error["type"] == "error" and set(error["error"]) == {"type", "message"}, error
+        return
+    if body.get("stream") is True:
+        events = typed_stream(text)
+        assert events[0]["type"] == "message_start", events[0]
+        assert events[-1]["type"] in ("message_stop", "error"), events[-1]
+        if events[-1]["type"] == "error":
+            assert events[-1]["error"]["type"] != "api_error", events[-1]
+    else:
+        message = json.loads(text)
+        assert message["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence", "tool_use"), message
+        assert (message["stop_reason"] == "tool_use") == any(b["type"] == "tool_use" for b in message["content"]) or \
+            message["stop_reason"] == "max_tokens", message
+
+
+@pytest.mark.parametrize("route, check, strategy", [("responses", check_response, responses_bodies()),
+                                                    ("messages", check_message, messages_bodies())],
+                         ids=["responses", "messages"])
+def test_agent_requests_of_the_other_apis_get_an_answer_or_a_clear_4xx(served, route, check, strategy, caplog):
+    @settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=strategy)
+    def run(body):
+        raw = json.dumps(body)
+        with httpx.stream("POST", f"{served.root}/v1/{route}", content=raw,
+                          headers={"content-type": "application/json"}, timeout=60) as got:
+            text = got.read().decode()
+        event(f"status {got.status_code}")
+        assert got.status_code in (200, 400, 404, 413, 429), (got.status_code, text[:300], raw[:300])
+        check(body, got.status_code, text)
+
+    with caplog.at_level("ERROR"):
+        run()
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]

@@ -67,7 +67,9 @@ MAX_N = 16
 DESCRIPTIONS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
     "stop": "a string or a list of strings",
-    "content": "a string or a list of {'type': 'text', 'text': ...} parts",
+    "content": "a string or a list of {'type': 'text', 'text': ...} parts ('input_text' in the Responses API)",
+    "input": "a string or a list of items (messages, function_call, function_call_output, reasoning)",
+    "system": "a string or a list of {'type': 'text', 'text': ...} blocks",
 }
 
 
