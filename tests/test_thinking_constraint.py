@@ -166,8 +166,13 @@ def test_greedy_speculation_equals_plain_decoding_across_the_thinking(think_mode
             assert valid(answer), text
             answered += thinking != ""
     assert answered >= 3, "the test needs outputs that think, close their thinking and answer"
+    assert_speculation_equals(plain, think_model_dirs, parser, prompts, params)
+
+
+def assert_speculation_equals(plain, think_model_dirs, parser: str, prompts, params) -> None:
+    """Greedy outputs of every method of :data:`SPECS` equal ``plain``'s, with drafts accepted."""
     for method, spec in SPECS.items():
-        llm = LLM(target, dtype="float64", max_num_seqs=8, reasoning_parser=parser,
+        llm = LLM(think_model_dirs["target"], dtype="float64", max_num_seqs=8, reasoning_parser=parser,
                   speculative_config=spec(think_model_dirs))
         outputs = llm.generate(prompts, params)
         assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain], method
@@ -179,9 +184,10 @@ def test_greedy_speculation_equals_plain_decoding_across_the_thinking(think_mode
 SAMPLES, PER_CALL = 1200, 16
 
 
-def exact_joint(model, grammars: GrammarCache, constraint: StructuredOutputsParams, prompt_ids: list[int],
-                biases: dict[int, float]) -> np.ndarray:
-    """P(t1, t2) of plain sampling at temperature 1 with ``biases``, under the grammar (its masks from llguidance)."""
+def exact_joint(model, grammars: GrammarCache, constraint: StructuredOutputsParams | None, prompt_ids: list[int],
+                biases: dict[int, float], budget: int | None = None) -> np.ndarray:
+    """P(t1, t2) of plain sampling at temperature 1 with ``biases``, under the grammar (its masks from llguidance;
+    ``budget``: a thinking budget's)."""
     vocab = model.config.vocab_size
 
     def probs(context: list[int], matcher) -> torch.Tensor:
@@ -192,7 +198,7 @@ def exact_joint(model, grammars: GrammarCache, constraint: StructuredOutputsPara
         allowed = torch.tensor(list(matcher.compute_logit_bias())[:vocab]) > 0
         return torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
 
-    root, _ = grammars.matcher(constraint, True)
+    root, _ = grammars.matcher(constraint, True, budget)
     first = probs(prompt_ids, root)
     joint = np.zeros((vocab, vocab))
     for t1 in first.nonzero().flatten().tolist():
@@ -202,14 +208,16 @@ def exact_joint(model, grammars: GrammarCache, constraint: StructuredOutputsPara
     return joint
 
 
-def test_sampled_speculation_follows_the_target_across_the_thinking(think_model_dirs):
+def sampled_and_exact(think_model_dirs, constraint: StructuredOutputsParams | None, budget: int | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, int, LLM]:
+    """The first two tokens of :data:`SAMPLES` draft_model (k=2) outputs at temperature 1, with biases toward a, b and
+    </think> (and none toward the end), counted by pair; their exact joint distribution; </think>'s id; the LLM."""
     target = think_model_dirs["target"]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
     close, eos = tokenizer.convert_tokens_to_ids("</think>"), tokenizer.eos_token_id
     biases = {tokenizer.convert_tokens_to_ids("a"): 6.0, tokenizer.convert_tokens_to_ids("b"): 6.0, close: 6.0,
               eos: -100.0}
-    constraint = StructuredOutputsParams(regex="[cd]+")
     prompt_ids = tokenizer("abcab")["input_ids"]
     llm = LLM(target, dtype="float64", max_num_seqs=PER_CALL, reasoning_parser="deepseek_r1",
               speculative_config={"method": "draft_model", "model": str(think_model_dirs["draft"]),
@@ -217,13 +225,18 @@ def test_sampled_speculation_follows_the_target_across_the_thinking(think_model_
     counts = np.zeros((model.config.vocab_size,) * 2)
     for call in range(SAMPLES // PER_CALL):
         params = [SamplingParams(max_tokens=2, seed=(call * PER_CALL + j) * 7919 + 5, ignore_eos=True,
-                                 temperature=1.0, logit_bias=biases, structured_outputs=constraint)
+                                 temperature=1.0, logit_bias=biases, structured_outputs=constraint,
+                                 thinking_token_budget=budget)
                   for j in range(PER_CALL)]
         for out in llm.generate([{"prompt_token_ids": prompt_ids}] * PER_CALL, params):
             first, second = out.outputs[0].token_ids
             counts[first, second] += 1
     grammars = GrammarCache(tokenizer, model.config.vocab_size, frozenset({eos}))
-    expected = exact_joint(model, grammars, constraint, prompt_ids, biases)
+    return counts, exact_joint(model, grammars, constraint, prompt_ids, biases, budget), close, llm
+
+
+def test_sampled_speculation_follows_the_target_across_the_thinking(think_model_dirs):
+    counts, expected, close, llm = sampled_and_exact(think_model_dirs, StructuredOutputsParams(regex="[cd]+"))
     assert counts[close].sum() > 100 and counts.sum() - counts[close].sum() > 100, "both sides of the boundary"
     pvalue = chi_square_pvalue(counts, expected)
     assert pvalue > 1e-3, f"samples deviate from the target under the grammar (p={pvalue:.2e})"

@@ -42,12 +42,13 @@ from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, r
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput
 from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
-from specdec.reasoning import check_reasoning_parser, output_thinking
+from specdec.reasoning import CLOSE, check_reasoning_parser, output_thinking
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
+from specdec.structured.thinking import single_token
 from specdec.text import TextTracker, TokenTexts
 from specdec.vllm_names import VLLMNames, check_neutral
 
@@ -240,6 +241,13 @@ class LLM(metaclass=VLLMNames):
             raise SpecDecError(f"stop_token_ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         check_adjustments(params, vocab, self._bad_word_ids(params.bad_words),
                           set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids))
+        if params.thinking_token_budget is not None:
+            if self.reasoning_parser is None:
+                raise SpecDecError("thinking_token_budget needs a reasoning model's parser, LLM(reasoning_parser=...)"
+                                   " (serve --reasoning-parser): it bounds the thinking between <think> and </think>")
+            if self.tokenizer is None or single_token(self.tokenizer, CLOSE) is None:
+                raise SpecDecError(f"thinking_token_budget needs {CLOSE} to be one token of the model's tokenizer (it"
+                                   " counts the thinking's tokens up to it); this tokenizer spells it in several")
         if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
             with self._grammar_lock:
                 self._grammars().compile(params.structured_outputs)
@@ -260,13 +268,15 @@ class LLM(metaclass=VLLMNames):
         return output_thinking(self.reasoning_parser, prompt)
 
     def _grammar(self, params: SamplingParams, opens_inside: bool | None) -> tuple[GrammarState | None, float]:
-        """A new grammar state for ``params.structured_outputs`` (None without one; after the thinking unless
-        ``opens_inside`` is None: :meth:`thinking`) and the seconds spent compiling it (reported to the first request
-        after its compilation, 0.0 for later ones), counted in the batch metrics."""
-        if params.structured_outputs is None:
+        """A new grammar state for ``params.structured_outputs`` (after the thinking unless ``opens_inside`` is None:
+        :meth:`thinking`) and its ``thinking_token_budget`` (a free answer without a constraint; None with neither,
+        or a budget for an output that does not think) and the seconds spent compiling it (reported to the first
+        request after its compilation, 0.0 for later ones), counted in the batch metrics."""
+        budget = None if opens_inside is None else params.thinking_token_budget
+        if params.structured_outputs is None and budget is None:
             return None, 0.0
         with self._grammar_lock:
-            matcher, seconds = self._grammars().matcher(params.structured_outputs, opens_inside)
+            matcher, seconds = self._grammars().matcher(params.structured_outputs, opens_inside, budget)
             if seconds:
                 self.engine.metrics.num_grammar_compiles += 1
                 self.engine.metrics.time_grammar_compile += seconds
@@ -286,7 +296,8 @@ class LLM(metaclass=VLLMNames):
                 max_new_tokens=min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt_ids)),
                 stop_ids=frozenset(stop_ids),
             )
-            thinking = None if params.structured_outputs is None else self.thinking(text, prompt_ids)
+            grammar = params.structured_outputs is not None or params.thinking_token_budget is not None
+            thinking = self.thinking(text, prompt_ids) if grammar else None
             seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking)
             seq.bad_words = self._bad_word_ids(params.bad_words)
             request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,

@@ -102,6 +102,9 @@ class SamplingParams(metaclass=VLLMNames):
     default both are left out, as in vLLM; the stop token is among the output's ``token_ids`` either way).
     ``skip_special_tokens``: the text leaves special tokens out (vLLM's default); False keeps them (a chat
     template's tags, a model's tool-call token), the stop token's text still left out as above.
+    ``thinking_token_budget``: with an ``LLM(reasoning_parser=...)``, a reasoning model thinks at most this many
+    tokens (0: none), then ``</think>`` must follow (vLLM's name and meaning; one grammar with the answer's
+    constraint, so exact under speculation: :mod:`specdec.structured.thinking`).
 
     ``n``: outputs per prompt (``LLM.generate`` and ``chat``; a seeded request's output ``i`` samples with
     ``seed + i``, so output 0 is what ``n=1`` returns). ``presence_penalty`` and ``frequency_penalty`` (in
@@ -134,6 +137,7 @@ class SamplingParams(metaclass=VLLMNames):
     allowed_token_ids: tuple[int, ...] | list[int] | None = None
     bad_words: tuple[str, ...] | list[str] | None = None
     skip_special_tokens: bool = True
+    thinking_token_budget: int | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)
     vllm_names = (VLLM_NEUTRAL, {"guided_decoding": " (vLLM's earlier name of structured_outputs)"},
                   "field")  # not a field: no annotation
@@ -181,13 +185,18 @@ class SamplingParams(metaclass=VLLMNames):
             raise SpecDecError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), "
                                f"got {self.min_tokens!r}")
         self._check_adjustments()
-        if self.structured_outputs is not None:
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or budget < 0):
+            raise SpecDecError(f"thinking_token_budget must be None or an integer >= 0, got {budget!r}")
+        if self.structured_outputs is not None or budget is not None:
+            what = "structured_outputs" if self.structured_outputs is not None else "thinking_token_budget"
             if self.min_tokens:
-                raise SpecDecError("min_tokens cannot be combined with structured_outputs: the constraint decides "
-                                   "where the output may end")
+                raise SpecDecError(f"min_tokens cannot be combined with {what}: its grammar decides where the "
+                                   "output may end")
             if self.allowed_token_ids is not None:
-                raise SpecDecError("allowed_token_ids cannot be combined with structured_outputs: the constraint "
-                                   "decides which tokens may follow")
+                raise SpecDecError(f"allowed_token_ids cannot be combined with {what}: its grammar decides which "
+                                   "tokens may follow")
+        if self.structured_outputs is not None:
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         object.__setattr__(self, "stop", stops or None)
         object.__setattr__(self, "stop_token_ids", ids)

@@ -156,6 +156,7 @@ class ChatExtensions(StrictModel):
     skip_special_tokens: Any = None
     structured_outputs: Any = None
     chat_template_kwargs: Any = None
+    thinking_token_budget: Any = None
 
     def extensions(self) -> dict[str, Any]:
         """The extensions sent, as chat fields."""

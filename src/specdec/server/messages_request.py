@@ -8,8 +8,9 @@ become function tools; ``tool_choice`` ``auto``, ``any``, ``tool`` and ``none`` 
 named function and ``"none"`` (``disable_parallel_tool_use``: ``parallel_tool_calls: false``); ``stop_sequences``
 becomes ``stop``; ``output_config.format`` (a JSON schema) becomes ``response_format``; ``thinking`` becomes
 ``chat_template_kwargs: {"enable_thinking": ...}``, false for ``disabled`` and true otherwise (the switch of Qwen3's
-and other hybrid models' templates) unless the request sets ``chat_template_kwargs`` itself; ``cache_control`` is
-accepted and has no effect (prefix caching is automatic).
+and other hybrid models' templates) unless the request sets ``chat_template_kwargs`` itself, and its
+``budget_tokens`` the thinking's budget (``thinking_token_budget``) where a reasoning parser is served;
+``cache_control`` is accepted and has no effect (prefix caching is automatic).
 The chat request's sampling extensions (:class:`~specdec.server.chat_request.ChatExtensions`) pass as they are.
 Everything after that is the chat endpoint's, and an error in a chat field is reported under the Messages field it
 came from (:data:`CHAT_FIELDS`).
@@ -126,9 +127,11 @@ class MessagesRequest(ChatExtensions):
     metadata: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 
-    def chat_body(self, generate: bool = True) -> dict[str, Any]:
+    def chat_body(self, generate: bool = True, reasoning: bool = False) -> dict[str, Any]:
         """The chat request this one amounts to; ``generate``: a request to answer (``max_tokens`` required),
-        not one to count."""
+        not one to count; ``reasoning``: the server splits a reasoning model's thinking, so ``thinking``'s
+        ``budget_tokens`` bounds it (``thinking_token_budget``; without a reasoning parser it has nothing to bound
+        and is left out)."""
         body: dict[str, Any] = {"model": self.model, "messages": self.chat_messages(), "temperature": self.temperature,
                                 "top_p": self.top_p, "stream": self.stream}
         body.update(self.extensions())
@@ -150,6 +153,9 @@ class MessagesRequest(ChatExtensions):
                 body["parallel_tool_calls"] = False
         if self.thinking is not None and self.chat_template_kwargs is None:
             body["chat_template_kwargs"] = {"enable_thinking": self.thinking.type != "disabled"}
+        budget = self.thinking.budget_tokens if self.thinking is not None and self.thinking.type == "enabled" else None
+        if reasoning and budget is not None and self.thinking_token_budget is None:
+            body["thinking_token_budget"] = budget
         if self.output_config is not None and self.output_config.format is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"schema": self.output_config.format.schema_}}

@@ -166,13 +166,14 @@ class Preparer:
 
     def messages(self, body: bytes) -> tuple[MessagesRequest, Prepared]:
         """An Anthropic Messages request and the chat request it amounts to, prepared (:mod:`.messages_request`)."""
-        return self._translated(body, MessagesRequest, messages_error)
+        return self._translated(body, MessagesRequest, messages_error, reasoning=self.llm.reasoning_parser is not None)
 
-    def _translated(self, body: bytes, model: type, errors: Callable[[APIError], APIError]) -> tuple[Any, Prepared]:
-        """Another API's request (``model``, with ``chat_body()``) and its chat request, prepared; the chat's errors
-        named by ``errors`` in that API's fields."""
+    def _translated(self, body: bytes, model: type, errors: Callable[[APIError], APIError], **options: Any
+                    ) -> tuple[Any, Prepared]:
+        """Another API's request (``model``, with ``chat_body(**options)``) and its chat request, prepared; the
+        chat's errors named by ``errors`` in that API's fields."""
         req = parse(model, read_json(body, self.max_values))
-        chat = req.chat_body()  # its errors name that API's fields already
+        chat = req.chat_body(**options)  # its errors name that API's fields already
         try:
             return req, self._chat(chat)
         except APIError as exc:
@@ -181,7 +182,7 @@ class Preparer:
     def count_tokens(self, body: bytes) -> dict[str, Any]:
         """``/v1/messages/count_tokens``'s answer: the prompt's tokens, as the Messages request would be fed."""
         req: MessagesRequest = parse(MessagesRequest, read_json(body, self.max_values))
-        chat = req.chat_body(generate=False)
+        chat = req.chat_body(generate=False, reasoning=self.llm.reasoning_parser is not None)
         try:
             return {"input_tokens": len(self._chat(chat).prompts[0][1])}
         except APIError as exc:

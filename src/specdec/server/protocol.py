@@ -177,6 +177,7 @@ class SamplingFields(StrictModel):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    thinking_token_budget: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -227,6 +228,7 @@ class SamplingFields(StrictModel):
                               logprobs=self.num_logprobs(), min_tokens=self.min_tokens,
                               include_stop_str_in_output=self.include_stop_str_in_output,
                               skip_special_tokens=self.skip_special_tokens,
+                              thinking_token_budget=self.thinking_token_budget,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=self.token_biases(),
                               allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,

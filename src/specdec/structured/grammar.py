@@ -74,13 +74,14 @@ class GrammarCache:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self._hf_tokenizer = tokenizer
-        self._cache: OrderedDict[tuple, list] = OrderedDict()  # (constraint key, opens_inside): [matcher, unreported s]
+        self._cache: OrderedDict[tuple, list] = OrderedDict()  # (constraint, opens_inside, budget): [matcher, s]
 
-    def compile(self, params: StructuredOutputsParams, opens_inside: bool | None = None) -> float:
+    def compile(self, params: StructuredOutputsParams | None, opens_inside: bool | None = None,
+                budget: int | None = None) -> float:
         """Compile ``params`` unless it is cached; returns the seconds it took (0.0 when cached). An invalid
         schema, regex or grammar, or a keyword llguidance does not implement, is a SpecDecError naming the
-        problem."""
-        key = (params.key, opens_inside)
+        problem. ``params`` None (with ``opens_inside`` set): a free answer, for a thinking ``budget``."""
+        key = (None if params is None else params.key, opens_inside, budget)
         if key in self._cache:
             self._cache.move_to_end(key)
             return 0.0
@@ -92,11 +93,13 @@ class GrammarCache:
             self._cache.popitem(last=False)
         return seconds
 
-    def matcher(self, params: StructuredOutputsParams, opens_inside: bool | None = None) -> tuple[Any, float]:
-        """A fresh llguidance ``LLMatcher`` for ``params`` (compiled if need be) and the seconds its compilation
-        took, reported once: to the first matcher made after it (0.0 for every later one)."""
-        key = (params.key, opens_inside)
-        self.compile(params, opens_inside)
+    def matcher(self, params: StructuredOutputsParams | None, opens_inside: bool | None = None,
+                budget: int | None = None) -> tuple[Any, float]:
+        """A fresh llguidance ``LLMatcher`` for ``params`` (compiled if need be; the arguments as :meth:`compile`
+        takes them) and the seconds its compilation took, reported once: to the first matcher made after it (0.0
+        for every later one)."""
+        key = (None if params is None else params.key, opens_inside, budget)
+        self.compile(params, opens_inside, budget)
         entry = self._cache[key]
         # Copies share the prototype's lexer: one that a request drove past llguidance's limits fails every later
         # copy at its first mask (which would then allow only end-of-sequence). Such a prototype is compiled anew.
@@ -104,13 +107,16 @@ class GrammarCache:
         matcher.compute_logit_bias()
         if matcher.is_error():
             del self._cache[key]
-            self.compile(params, opens_inside)
+            self.compile(params, opens_inside, budget)
             entry = self._cache[key]
             matcher = entry[0].deep_copy()
         seconds, entry[1] = entry[1], 0.0
         return matcher, seconds
 
-    def _compile(self, key: tuple[str, str, bool], opens_inside: bool | None) -> Any:
+    def _compile(self, key: tuple[str, str, bool] | None, opens_inside: bool | None, budget: int | None) -> Any:
+        if key is None:  # a free answer after a budgeted thinking
+            grammar = after_thinking(None, bool(opens_inside), self._hf_tokenizer, self.eos_ids, budget)
+            return self._matcher(grammar, "thinking budget")
         lib = llguidance()
         kind, text, compact = key
         what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}[kind]
@@ -127,7 +133,7 @@ class GrammarCache:
         _probe(matcher, what, self.eos_ids)
         if opens_inside is None:
             return matcher
-        grammar = after_thinking(grammar, opens_inside, self._hf_tokenizer, self.eos_ids)
+        grammar = after_thinking(grammar, opens_inside, self._hf_tokenizer, self.eos_ids, budget)
         return self._matcher(grammar, f"{what} after the thinking")
 
     def _matcher(self, grammar: str, what: str) -> Any:

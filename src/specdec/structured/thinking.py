@@ -12,6 +12,10 @@ optionally ``</think>`` and the answer. Until ``</think>`` the grammar is comple
 thinking (the output then has no answer, as in vLLM); after it, the answer must be whole before it may end, and no
 second ``</think>`` follows.
 
+A thinking budget (``SamplingParams.thinking_token_budget``, vLLM's name) bounds the thinking to that many tokens in
+the same grammar: after them ``</think>`` must follow (as vLLM forces it); a request with a budget and no constraint
+gets a free answer (any tokens), so the budget changes nothing else.
+
 A tag that the tokenizer holds as one token (DeepSeek-R1's and Qwen3's do) is matched as that token: llguidance
 reads an added token only as itself, never as text. The thinking is then any token but ``</think>`` and the
 end-of-sequence tokens. A tag the tokenizer spells in several tokens is matched as text, the thinking being any text
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specdec.errors import SpecDecError
 from specdec.reasoning import CLOSE, OPEN
 
 ANSWER = "answer"  # the sub-grammar's name
@@ -42,23 +47,50 @@ def single_token(tokenizer: Any, tag: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def after_thinking(grammar: str, opens_inside: bool, tokenizer: Any, eos_ids: frozenset[int]) -> str:
+def after_thinking(grammar: str | None, opens_inside: bool, tokenizer: Any, eos_ids: frozenset[int],
+                   budget: int | None = None) -> str:
     """The llguidance grammar (top-level JSON) of an output whose thinking is free and whose answer is ``grammar``
-    (what llguidance's ``grammar_from`` builds: top-level JSON with one grammar, or Lark text); ``tokenizer``: the
-    model's (a ``PreTrainedTokenizerFast``), ``eos_ids``: its end-of-sequence tokens."""
+    (what llguidance's ``grammar_from`` builds: top-level JSON with one grammar, or Lark text; None: a free answer,
+    any tokens); ``tokenizer``: the model's (a ``PreTrainedTokenizerFast``), ``eos_ids``: its end-of-sequence
+    tokens. ``budget``: at most this many thinking tokens (``SamplingParams.thinking_token_budget``), after which
+    ``</think>`` must follow (before it, the output may end while thinking, as without a budget); it needs
+    ``</think>`` to be one token of the tokenizer."""
     close = single_token(tokenizer, CLOSE)
+    answer = f"@{ANSWER}" if grammar is not None else "answer"
+    vocab = len(tokenizer)
     if close is None:
-        reasoned, rules = f"FREE | THOUGHT @{ANSWER}", _TEXT_THINKING
-    else:
-        reasoned = f"thinking (<[{close}]> @{ANSWER})?"
-        rules = f"thinking: {_all_but({close, *eos_ids}, len(tokenizer))}*\n"
+        if budget is not None:
+            raise SpecDecError(f"thinking_token_budget needs {CLOSE} to be one token of the model's tokenizer (it "
+                               "counts the thinking's tokens up to it); this tokenizer spells it in several")
+        reasoned, rules = f"FREE | THOUGHT {answer}", _TEXT_THINKING
+    elif budget is None:
+        reasoned = f"thinking (<[{close}]> {answer})?"
+        rules = f"thinking: {_all_but({close, *eos_ids}, vocab)}*\n"
+    else:  # fewer than budget tokens may end or close; budget tokens must close
+        thought = _all_but({close, *eos_ids}, vocab)
+        under = f"{thought}{{0,{budget - 1}}} " if budget > 1 else ""
+        full = f"{thought}{{{budget}}} " if budget else ""
+        reasoned = f"{under}(<[{close}]> {answer})? | {full}<[{close}]> {answer}" if budget else f"<[{close}]> {answer}"
+        rules = ""
+    if grammar is None:
+        rules += f"answer: {_all_but(set(eos_ids), vocab)}*\n"  # any token; the end once the output wants it
     if opens_inside:
         start = f"start: {reasoned}\n"
     else:
-        opening = single_token(tokenizer, OPEN)
-        opening = json.dumps(OPEN) if opening is None else f"<[{opening}]>"
-        start = f"start: @{ANSWER} | {opening} reasoned\nreasoned: {reasoned}\n"
-    return json.dumps({"grammars": [{"lark_grammar": start + rules}, {**_one_grammar(grammar), "name": ANSWER}]})
+        open_id = single_token(tokenizer, OPEN)
+        opening = json.dumps(OPEN) if open_id is None else f"<[{open_id}]>"
+        unopened = answer
+        if grammar is None:  # a free answer must not open too: the thinking would be either, the budget unheld
+            if open_id is None:
+                raise SpecDecError(f"thinking_token_budget needs {OPEN} to be one token of the model's tokenizer "
+                                   "(an output that opens its thinking with it is bounded); this one spells it in "
+                                   "several")
+            unopened = f"({_all_but({open_id, *eos_ids}, vocab)} {answer})?"
+        start = f"start: {unopened} | {opening} reasoned\nreasoned: {reasoned}\n"
+    grammars = [{"lark_grammar": start + rules}]
+    if grammar is not None:
+        grammars.append({**_one_grammar(grammar), "name": ANSWER})
+    return json.dumps({"grammars": grammars})
 
 
 def _all_but(excluded: set[int], vocab: int) -> str:
