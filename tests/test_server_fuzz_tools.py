@@ -83,7 +83,7 @@ def mutate(draw, body: dict) -> dict:
             target, path = body[path], draw(st.integers(0, len(body[path]) - 1))
             if isinstance(target[path], dict) and draw(st.booleans()):
                 target, path = target[path], draw(st.sampled_from(sorted(target[path]) or ["role"]))
-        target[path] = draw(ODD)
+        target[path] = copy.deepcopy(draw(ODD))  # a fresh value: the constants are shared across examples
     return body
 
 
@@ -114,6 +114,7 @@ def bodies(draw) -> dict:
                          ("top_logprobs", st.integers(0, 2)), ("skip_special_tokens", st.booleans()),
                          ("stop", st.sampled_from(["a", ["</think>"], "}"])),
                          ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}])),
+                         ("thinking_token_budget", st.integers(0, 4)),
                          ("stream_options", st.sampled_from([{"include_usage": True},
                                                              {"continuous_usage_stats": True}]))])
     if body.get("top_logprobs"):
@@ -183,7 +184,7 @@ def messages_bodies(draw) -> dict:
             body["tool_choice"] = choice
     options(draw, body, [("stream", st.booleans()), ("system", st.sampled_from(["be brief",
                                                                                 [{"type": "text", "text": "s"}]])),
-                         ("thinking", st.sampled_from([{"type": "enabled", "budget_tokens": 8}, {"type": "disabled"},
+                         ("thinking", st.sampled_from([{"type": "enabled", "budget_tokens": 2}, {"type": "disabled"},
                                                        {"type": "adaptive"}])),
                          ("output_config", st.sampled_from([{"format": {"type": "json_schema", "schema": CITY}},
                                                             {"effort": "low"}])),
