@@ -94,15 +94,28 @@ def options(draw, body: dict, choices: list[tuple[str, st.SearchStrategy]]) -> d
     return body
 
 
+def start(draw, conversation: str, turns: st.SearchStrategy, limit: str) -> dict:
+    """A request's core: its ``conversation`` field drawn from ``turns``, a short ``limit`` (its API's name of
+    max_tokens), greedy or sampled, seeded."""
+    return {"model": "tiny", conversation: draw(turns), limit: draw(st.integers(1, 6)),
+            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
+
+
+def offer_tools(draw, body: dict, tools: list[dict], choices: st.SearchStrategy) -> bool:
+    """Half the time: ``tools``, and a tool choice drawn from ``choices`` (None: none sent); whether it did."""
+    if not draw(st.booleans()):
+        return False
+    body["tools"] = tools
+    if (choice := draw(choices)) is not None:
+        body["tool_choice"] = choice
+    return True
+
+
 @st.composite
 def bodies(draw) -> dict:
     """A valid-looking chat request, then up to three of its fields (or their parts) replaced by odd values."""
-    body = {"model": "tiny", "messages": draw(MESSAGES), "max_tokens": draw(st.integers(1, 6)),
-            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
-    if draw(st.booleans()):
-        body["tools"] = TOOLS
-        if (choice := draw(CHOICE)) is not None:
-            body["tool_choice"] = choice
+    body = start(draw, "messages", MESSAGES, "max_tokens")
+    if offer_tools(draw, body, TOOLS, CHOICE):
         if draw(st.booleans()):
             body["parallel_tool_calls"] = draw(st.booleans())
         if draw(st.integers(0, 3)) == 0:
@@ -137,13 +150,10 @@ ITEMS = st.sampled_from([
 @st.composite
 def responses_bodies(draw) -> dict:
     """A valid-looking Responses API request, then up to three of its fields replaced by odd values."""
-    body = {"model": "tiny", "input": draw(ITEMS), "max_output_tokens": draw(st.integers(1, 6)),
-            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
-    if draw(st.booleans()):
-        body["tools"] = FLAT
-        if (choice := draw(st.sampled_from([None, "none", "auto", "required", {"type": "function", "name": "now"},
-                                            {"type": "function", "name": "get_weather"}]))) is not None:
-            body["tool_choice"] = choice
+    body = start(draw, "input", ITEMS, "max_output_tokens")
+    offer_tools(draw, body, FLAT, st.sampled_from([None, "none", "auto", "required",
+                                                   {"type": "function", "name": "now"},
+                                                   {"type": "function", "name": "get_weather"}]))
     options(draw, body, [("stream", st.booleans()), ("parallel_tool_calls", st.booleans()),
                          ("instructions", st.sampled_from(["be brief", "<think>"])),
                          ("text", st.sampled_from([{"format": {"type": "json_object"}},
@@ -173,15 +183,10 @@ TURNS = st.sampled_from([
 @st.composite
 def messages_bodies(draw) -> dict:
     """A valid-looking Anthropic Messages request, then up to three of its fields replaced by odd values."""
-    body = {"model": "tiny", "messages": draw(TURNS), "max_tokens": draw(st.integers(1, 6)),
-            "temperature": draw(st.sampled_from([0, 0.8])), "seed": draw(st.integers(0, 5))}
-    if draw(st.booleans()):
-        body["tools"] = A_TOOLS
-        if (choice := draw(st.sampled_from([None, {"type": "none"}, {"type": "auto"}, {"type": "any"},
-                                            {"type": "tool", "name": "now"},
-                                            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
-                                            ]))) is not None:
-            body["tool_choice"] = choice
+    body = start(draw, "messages", TURNS, "max_tokens")
+    offer_tools(draw, body, A_TOOLS, st.sampled_from([
+        None, {"type": "none"}, {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "now"},
+        {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}]))
     options(draw, body, [("stream", st.booleans()), ("system", st.sampled_from(["be brief",
                                                                                 [{"type": "text", "text": "s"}]])),
                          ("thinking", st.sampled_from([{"type": "enabled", "budget_tokens": 2}, {"type": "disabled"},

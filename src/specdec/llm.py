@@ -42,13 +42,13 @@ from specdec.models.loader import ModelSource, load_causal_lm, load_tokenizer, r
 from specdec.outputs import CompletionOutput, RequestOutput, StreamOutput
 from specdec.penalties import bad_word_ids, check_adjustments
 from specdec.prompts import Prompt, encode, eos_token_ids, paired
-from specdec.reasoning import CLOSE, check_reasoning_parser, output_thinking
+from specdec.reasoning import PARSERS, check_reasoning_parser, output_thinking
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler, max_num_batched_tokens_of, prefill_share_of
 from specdec.sequence import Sequence
 from specdec.structured.grammar import GrammarCache
 from specdec.structured.state import GrammarState
-from specdec.structured.thinking import single_token
+from specdec.structured.thinking import check_budget_tags
 from specdec.text import TextTracker, TokenTexts
 from specdec.vllm_names import VLLMNames, check_neutral
 
@@ -245,9 +245,9 @@ class LLM(metaclass=VLLMNames):
             if self.reasoning_parser is None:
                 raise SpecDecError("thinking_token_budget needs a reasoning model's parser, LLM(reasoning_parser=...)"
                                    " (serve --reasoning-parser): it bounds the thinking between <think> and </think>")
-            if self.tokenizer is None or single_token(self.tokenizer, CLOSE) is None:
-                raise SpecDecError(f"thinking_token_budget needs {CLOSE} to be one token of the model's tokenizer (it"
-                                   " counts the thinking's tokens up to it); this tokenizer spells it in several")
+            if self.tokenizer is None:
+                raise SpecDecError("thinking_token_budget needs the model's tokenizer (it finds the thinking's tags)")
+            check_budget_tags(self.tokenizer, PARSERS[self.reasoning_parser])
         if params.structured_outputs is not None:  # compiled (and cached) now: an invalid one fails here
             with self._grammar_lock:
                 self._grammars().compile(params.structured_outputs)

@@ -51,9 +51,10 @@ DEFAULT_MAX_QUEUE_LEN = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
 RETRY_AFTER = 1
-MESSAGES_PATH = "/v1/messages"  # Anthropic's endpoints: their errors in Anthropic's shape
 """Seconds a 429 (queue full) or 503 (shutting down) tells a client to wait (``Retry-After``: the ``openai`` client
 waits that long before its retry, where it would back off on its own otherwise)."""
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic's endpoints: their errors are in Anthropic's shape (:func:`error_response`)."""
 
 
 @dataclass
@@ -122,9 +123,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            error = self._error()
-            body = anthropic_error(413, error.message) if scope["path"].startswith(MESSAGES_PATH) else error.body()
-            response = JSONResponse(body, status_code=413)
+            response = error_response(scope["path"], 413, self._error().body())
             return await response(scope, receive, send)
         seen = 0
 
@@ -322,26 +321,30 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     return app
 
 
+def error_response(path: str, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+                   ) -> JSONResponse:
+    """An error (``body`` in OpenAI's shape) answered to a request for ``path``: in Anthropic's shape under
+    :data:`MESSAGES_PATH`, as it is elsewhere."""
+    if path.startswith(MESSAGES_PATH):
+        body = anthropic_error(status, body["error"]["message"])
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape, or in Anthropic's under ``/v1/messages``."""
-    def shaped(request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-               ) -> Response:
-        if request.url.path.startswith(MESSAGES_PATH):
-            body = anthropic_error(status, body["error"]["message"])
-        return JSONResponse(body, status_code=status, headers=headers)
-
     async def api_error(request: Request, exc: APIError) -> Response:
         retry = {"Retry-After": str(RETRY_AFTER)} if exc.status in (429, 503) else None
-        return shaped(request, exc.status, exc.body(), retry)
+        return error_response(request.url.path, exc.status, exc.body(), retry)
 
     async def bad_input(request: Request, exc: SpecDecError) -> Response:
-        return shaped(request, 400, error_body(str(exc), "invalid_request_error"))
+        return error_response(request.url.path, 400, error_body(str(exc), "invalid_request_error"))
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return shaped(request, exc.status_code, error_body(str(exc.detail), "invalid_request_error"))
+        return error_response(request.url.path, exc.status_code, error_body(str(exc.detail), "invalid_request_error"))
 
     async def internal(request: Request, exc: Exception) -> Response:  # Starlette logs the exception itself
-        return shaped(request, 500, error_body("internal server error (see the server log)", "server_error"))
+        return error_response(request.url.path, 500,
+                              error_body("internal server error (see the server log)", "server_error"))
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(SpecDecError, bad_input)

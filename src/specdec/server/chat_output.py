@@ -1,6 +1,7 @@
 """A chat request's choices as OpenAI's messages: each choice's text split into its reasoning and its answer
 (:mod:`specdec.reasoning`, where the model's outputs think) and the answer read as content or tool calls
-(:mod:`specdec.server.tool_calls`). The chat endpoint and the Responses endpoint shape their outputs with it."""
+(:mod:`specdec.server.tool_calls`). The chat endpoint, the Responses API and the Messages API shape their outputs
+with it."""
 
 from __future__ import annotations
 

@@ -423,3 +423,10 @@ def usage(prompt_tokens: int, completion_tokens: int, metrics: RequestMetrics | 
             "mean_acceptance_length": metrics.mean_acceptance_length, "acceptance_rate": metrics.acceptance_rate,
         }
     return data
+
+
+def usage_parts(data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Of a :func:`usage`: its prompt tokens read from the prefix cache (0 where unknown) and its
+    :data:`USAGE_EXTENSION` entry (empty without one), for an API that counts usage its own way."""
+    cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return cached, {USAGE_EXTENSION: data[USAGE_EXTENSION]} if USAGE_EXTENSION in data else {}

@@ -19,7 +19,8 @@ import uuid
 from typing import Any
 
 from specdec.server.chat_output import ChatOutputs
-from specdec.server.protocol import USAGE_EXTENSION, APIError, now
+from specdec.server.output_items import OutputItems
+from specdec.server.protocol import APIError, now, usage_parts
 from specdec.server.responses_request import ResponsesRequest
 
 PARTS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
@@ -30,16 +31,16 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponseShape:
+class ResponseShape(OutputItems):
     """One response being built from its chat deltas (:meth:`feed`, then :meth:`finish`); each step returns the
     stream events it makes."""
 
+    REASONING, CONTENT = "reasoning", "message"
+
     def __init__(self, req: ResponsesRequest, model: str, chat: ChatOutputs) -> None:
+        super().__init__()
         self.req, self.model, self.chat, self.stream = req, model, chat, req.stream
         self.id, self.created = _id("resp"), now()
-        self.items: list[dict[str, Any]] = []  # the output items, the last one open while streaming
-        self.open = False
-        self.calls: dict[int, int] = {}  # a chat tool call's index -> its output item's index
         self.sequence = 0
 
     def response(self, status: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -67,59 +68,40 @@ class ResponseShape:
         self.sequence += 1
         return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
-    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events of one chat delta (a whole message is one delta too)."""
-        events = []
-        if delta.get("reasoning_content"):
-            events += self._text("reasoning", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._text("message", delta["content"])
-        for call in delta.get("tool_calls") or ():
-            index = call.get("index", len(self.calls))
-            arguments = call["function"].get("arguments") or ""
-            if "id" in call:  # a call's first delta
-                events += self._close()
-                self.calls[index] = len(self.items)
-                item = {"type": "function_call", "id": _id("fc"), "call_id": call["id"],
-                        "name": call["function"]["name"], "arguments": "", "status": "in_progress"}
-                events += self._open(item)
-            if arguments:
-                item = self.items[self.calls[index]]
-                item["arguments"] += arguments
-                events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                         output_index=self.calls[index], delta=arguments))
-        return events
+    def _text_item(self, kind: str) -> dict[str, Any]:
+        if kind == "message":
+            return {"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress", "content": []}
+        return {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [], "status": "in_progress"}
 
-    def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
-        events = []
-        if not (self.open and self.items[-1]["type"] == kind):
-            events += self._close()
-            item = ({"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress", "content": []}
-                    if kind == "message" else {"type": "reasoning", "id": _id("rs"), "summary": [], "content": [],
-                                               "status": "in_progress"})
-            events += self._open(item)
-            part = {"type": PARTS[kind][0], "text": "", **({"annotations": []} if kind == "message" else {})}
+    def _call_item(self, call: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": "", "status": "in_progress"}
+
+    def _started(self, index: int) -> list[dict[str, Any]]:
+        item = self.items[index]
+        events = [self.event("response.output_item.added", output_index=index, item=copy.deepcopy(item))]
+        if item["type"] in PARTS:  # a text item's one part
+            part = {"type": PARTS[item["type"]][0], "text": "",
+                    **({"annotations": []} if item["type"] == "message" else {})}
             item["content"].append(part)
-            events.append(self.event("response.content_part.added", item_id=item["id"],
-                                     output_index=len(self.items) - 1, content_index=0, part=dict(part)))
-        item = self.items[-1]
-        item["content"][0]["text"] += text
-        extra = {"logprobs": []} if kind == "message" else {}
-        events.append(self.event(f"{PARTS[kind][1]}.delta", item_id=item["id"], output_index=len(self.items) - 1,
-                                 content_index=0, delta=text, **extra))
+            events.append(self.event("response.content_part.added", item_id=item["id"], output_index=index,
+                                     content_index=0, part=dict(part)))
         return events
 
-    def _open(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self.items.append(item)
-        self.open = True
-        return [self.event("response.output_item.added", output_index=len(self.items) - 1, item=copy.deepcopy(item))]
+    def _extended(self, index: int, text: str) -> list[dict[str, Any]]:
+        item = self.items[index]
+        if item["type"] == "function_call":
+            item["arguments"] += text
+            return [self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                               delta=text)]
+        item["content"][0]["text"] += text
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return [self.event(f"{PARTS[item['type']][1]}.delta", item_id=item["id"], output_index=index,
+                           content_index=0, delta=text, **extra)]
 
-    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
-        """The ``.done`` events of the open item, which is then whole."""
-        if not self.open:
-            return []
-        self.open = False
-        item, index = self.items[-1], len(self.items) - 1
+    def _stopped(self, index: int, status: str) -> list[dict[str, Any]]:
+        """The ``.done`` events of item ``index``, which is then whole."""
+        item = self.items[index]
         item["status"] = status
         if item["type"] == "function_call":
             events = [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
@@ -136,7 +118,7 @@ class ResponseShape:
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The closing events and the whole response (incomplete where ``finish_reason`` is length)."""
         status = "incomplete" if finish_reason == "length" else "completed"
-        events = self._close("incomplete" if status == "incomplete" else "completed")
+        events = self._close(status)
         response = self.response(status, _usage(usage))
         events.append(self.event(f"response.{status}", response=response))
         return events, response
@@ -144,7 +126,6 @@ class ResponseShape:
 
 def _usage(chat: dict[str, Any]) -> dict[str, Any]:
     """The Responses API's usage from the chat endpoint's (the speculative metrics kept under their key)."""
-    cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    cached, extension = usage_parts(chat)
     return {"input_tokens": chat["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": chat["completion_tokens"], "total_tokens": chat["total_tokens"],
-            **({USAGE_EXTENSION: chat[USAGE_EXTENSION]} if USAGE_EXTENSION in chat else {})}
+            "output_tokens": chat["completion_tokens"], "total_tokens": chat["total_tokens"], **extension}

@@ -55,23 +55,22 @@ def after_thinking(grammar: str | None, opens_inside: bool, tokenizer: Any, eos_
     tokens. ``budget``: at most this many thinking tokens (``SamplingParams.thinking_token_budget``), after which
     ``</think>`` must follow (before it, the output may end while thinking, as without a budget); it needs
     ``</think>`` to be one token of the tokenizer."""
+    if budget is not None:
+        check_budget_tags(tokenizer, opens_inside)
     close = single_token(tokenizer, CLOSE)
     answer = f"@{ANSWER}" if grammar is not None else "answer"
     vocab = len(tokenizer)
     if close is None:
-        if budget is not None:
-            raise SpecDecError(f"thinking_token_budget needs {CLOSE} to be one token of the model's tokenizer (it "
-                               "counts the thinking's tokens up to it); this tokenizer spells it in several")
         reasoned, rules = f"FREE | THOUGHT {answer}", _TEXT_THINKING
     elif budget is None:
         reasoned = f"thinking (<[{close}]> {answer})?"
         rules = f"thinking: {_all_but({close, *eos_ids}, vocab)}*\n"
+    elif budget == 0:
+        reasoned, rules = f"<[{close}]> {answer}", ""
     else:  # fewer than budget tokens may end or close; budget tokens must close
         thought = _all_but({close, *eos_ids}, vocab)
         under = f"{thought}{{0,{budget - 1}}} " if budget > 1 else ""
-        full = f"{thought}{{{budget}}} " if budget else ""
-        reasoned = f"{under}(<[{close}]> {answer})? | {full}<[{close}]> {answer}" if budget else f"<[{close}]> {answer}"
-        rules = ""
+        reasoned, rules = f"{under}(<[{close}]> {answer})? | {thought}{{{budget}}} <[{close}]> {answer}", ""
     if grammar is None:
         rules += f"answer: {_all_but(set(eos_ids), vocab)}*\n"  # any token; the end once the output wants it
     if opens_inside:
@@ -81,16 +80,23 @@ def after_thinking(grammar: str | None, opens_inside: bool, tokenizer: Any, eos_
         opening = json.dumps(OPEN) if open_id is None else f"<[{open_id}]>"
         unopened = answer
         if grammar is None:  # a free answer must not open too: the thinking would be either, the budget unheld
-            if open_id is None:
-                raise SpecDecError(f"thinking_token_budget needs {OPEN} to be one token of the model's tokenizer "
-                                   "(an output that opens its thinking with it is bounded); this one spells it in "
-                                   "several")
-            unopened = f"({_all_but({open_id, *eos_ids}, vocab)} {answer})?"
+            unopened = f"({_all_but({open_id, *eos_ids}, vocab)} {answer})?"  # (a budget's tags are single tokens)
         start = f"start: {unopened} | {opening} reasoned\nreasoned: {reasoned}\n"
     grammars = [{"lark_grammar": start + rules}]
     if grammar is not None:
         grammars.append({**_one_grammar(grammar), "name": ANSWER})
     return json.dumps({"grammars": grammars})
+
+
+def check_budget_tags(tokenizer: Any, opens_inside: bool) -> None:
+    """A SpecDecError unless a thinking budget can be held with this tokenizer: ``</think>`` one token (the budget
+    counts the thinking's tokens up to it), and ``<think>`` too where the output may open its thinking
+    (``opens_inside`` False)."""
+    for tag, needed in ((CLOSE, True), (OPEN, not opens_inside)):
+        if needed and single_token(tokenizer, tag) is None:
+            raise SpecDecError(f"thinking_token_budget needs {tag} to be one token of the model's tokenizer (the "
+                               "budget counts the thinking's tokens between the tags); this tokenizer spells it in "
+                               "several")
 
 
 def _all_but(excluded: set[int], vocab: int) -> str:
