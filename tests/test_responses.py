@@ -90,7 +90,7 @@ def test_a_response_holds_the_chat_answer(server):
     assert (response.usage.input_tokens, response.usage.output_tokens) == (expected["usage"]["prompt_tokens"], 8)
     assert response.usage.total_tokens == expected["usage"]["total_tokens"] and response.id.startswith("resp_")
     assert [item.type for item in response.output] == ["message"] and response.output[0].role == "assistant"
-    assert response.store is False and response.model == "tiny" and response.instructions == "be brief"
+    assert response.store is True and response.model == "tiny" and response.instructions == "be brief"
     stopped = client.responses.create(model="tiny", instructions="be brief", input="weather?", temperature=0,
                                       max_output_tokens=30, extra_body={"stop": [response.output_text[-2:]]})
     assert stopped.status == "completed" and stopped.incomplete_details is None
@@ -241,7 +241,7 @@ def test_a_reasoning_models_thinking_is_a_reasoning_item(think_model_dirs):
 
 
 BAD = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "none"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "not found"),
     ({"background": True}, "background", "false"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "function tools only"),
     ({"tools": [{"type": "function"}]}, "tools[0]", "must be"),

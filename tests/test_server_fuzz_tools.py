@@ -147,6 +147,10 @@ ITEMS = st.sampled_from([
 ])
 
 
+LAST = "<the last stored response>"
+"""A ``previous_response_id`` the fuzz test replaces by the id of the last response it got (stored or not)."""
+
+
 @st.composite
 def responses_bodies(draw) -> dict:
     """A valid-looking Responses API request, then up to three of its fields replaced by odd values."""
@@ -163,6 +167,7 @@ def responses_bodies(draw) -> dict:
                                                                  {"regex": "[ab]{1,3}"}])),
                          ("stop", st.sampled_from(["a", ["</think>"], "}"])),
                          ("reasoning", st.sampled_from([{"effort": "low"}, {}])),
+                         ("previous_response_id", st.just(LAST)), ("store", st.booleans()),
                          ("chat_template_kwargs", st.sampled_from([{"enable_thinking": False}, {}]))])
     return mutate(draw, body)
 
@@ -289,16 +294,23 @@ def check_message(body: dict, status: int, text: str) -> None:
                                                     ("messages", check_message, messages_bodies())],
                          ids=["responses", "messages"])
 def test_agent_requests_of_the_other_apis_get_an_answer_or_a_clear_4xx(served, route, check, strategy, caplog):
+    last = ["resp_none"]  # the id of the last response answered
+
     @settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=list(HealthCheck))
     @given(body=strategy)
     def run(body):
+        if body.get("previous_response_id") == LAST:
+            body["previous_response_id"] = last[0]
         raw = json.dumps(body)
         with httpx.stream("POST", f"{served.root}/v1/{route}", content=raw,
                           headers={"content-type": "application/json"}, timeout=60) as got:
             text = got.read().decode()
-        event(f"status {got.status_code}")
+        event(f"status {got.status_code}" + (" (a continuation)" if "previous_response_id" in body else ""))
         assert got.status_code in (200, 400, 404, 413, 429), (got.status_code, text[:300], raw[:300])
         check(body, got.status_code, text)
+        if route == "responses" and got.status_code == 200:
+            answer = typed_stream(text)[-1].get("response") if body.get("stream") is True else json.loads(text)
+            last[0] = answer["id"] if answer else last[0]
 
     with caplog.at_level("ERROR"):
         run()

@@ -1,7 +1,9 @@
 """The ASGI app: ``create_app(llm)`` builds the FastAPI application of an OpenAI-compatible server.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``,
-``POST /detokenize``, ``GET /health``, ``GET /metrics``. Handlers have the body parsed, validated, bounded and encoded
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and its stored responses:
+``GET`` and ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``), ``POST /v1/messages``,
+``POST /v1/messages/count_tokens``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
+``GET /metrics``. Handlers have the body parsed, validated, bounded and encoded
 in the :class:`~specdec.server.prepare.Preparer`'s thread (never on the event loop, so a large or
 slow request stalls no other client), and hand jobs to the single
 :class:`~specdec.server.worker.EngineWorker`; they never touch model state. The worker
@@ -43,6 +45,7 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.prepare import Prepared, Preparer
 from specdec.server.protocol import APIError, error_body, new_id, now
 from specdec.server.respond import Choice, Submission, answer_shaped, respond
+from specdec.server.response_store import DEFAULT_CAPACITY, MAX_PAGE, ResponseStore
 from specdec.server.responses import ResponseShape
 from specdec.server.worker import EngineWorker, ShuttingDown
 from specdec.tools import PARSERS, tool_parser
@@ -144,7 +147,8 @@ class BodyLimit:
 def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, api_key: str | None = None,
                chat_template: str | None = None, max_queue_len: int = DEFAULT_MAX_QUEUE_LEN,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_bytes: int | None = None,
-               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
+               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+               max_stored_responses: int = DEFAULT_CAPACITY) -> FastAPI:
     """The server of ``llm`` (default: the embedded pair with draft_model speculation, k=4).
 
     ``served_model_name``: the ``model`` clients send (default: ``llm.model_name``). ``api_key``
@@ -156,7 +160,8 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
     ``"auto"``, whose calls ``tool_call_parser`` (a name of :data:`specdec.tools.PARSERS`) reads out of the text
     (vLLM's two flags; :mod:`specdec.server.tool_calls`). With ``llm.reasoning_parser``, chat outputs are split
     into ``reasoning_content`` and ``content`` (:mod:`specdec.reasoning`), constrained ones too: their constraint
-    holds for the answer.
+    holds for the answer. ``max_stored_responses``: the Responses API's responses kept in memory for
+    ``previous_response_id`` and ``GET /v1/responses/{id}`` (0: none; :mod:`specdec.server.response_store`).
     """
     parser = None if tool_call_parser is None else tool_parser(tool_call_parser)
     if enable_auto_tool_choice and parser is None:
@@ -168,14 +173,17 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
         raise SpecDecError(f"max_queue_len must be an integer >= 0, got {max_queue_len!r}")
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise SpecDecError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+    if not isinstance(max_stored_responses, int) or isinstance(max_stored_responses, bool) or max_stored_responses < 0:
+        raise SpecDecError(f"max_stored_responses must be an integer >= 0, got {max_stored_responses!r}")
     if max_prompt_bytes is not None and (not isinstance(max_prompt_bytes, int) or max_prompt_bytes < 1):
         raise SpecDecError(f"max_prompt_bytes must be None or an integer >= 1, got {max_prompt_bytes!r}")
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
     metrics.watch_engine(llm.batch_metrics, llm.engine.cache, llm.scheduler, llm.latencies)
+    store = ResponseStore(max_stored_responses)
     preparer = Preparer(llm, name, chat_template, llm.max_num_seqs + max_queue_len, max_prompt_bytes,
-                        parser if enable_auto_tool_choice else None)
+                        parser if enable_auto_tool_choice else None, store)
     state = ServerState(llm, EngineWorker(llm, metrics), preparer, metrics, name,
                         hashlib.sha256(api_key.encode()).digest() if api_key else None, max_queue_len)
 
@@ -278,10 +286,35 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
     @v1.post("/responses")
     async def responses(request: Request) -> Response:
-        req, prepared = await prepare(request, preparer.responses)
+        req, context, prepared = await prepare(request, preparer.responses)
         chat = ChatOutputs(prepared.request, parser, None if llm.reasoning_parser is None else
                            bool(llm.thinking(*prepared.prompts[0])))
-        return await answer_shaped(request, Submission(state, prepared), ResponseShape(req, name, chat))
+        keep = (lambda response: store.add(response, req, context)) if store.keeps(req) else None
+        return await answer_shaped(request, Submission(state, prepared), ResponseShape(req, name, chat, keep))
+
+    @v1.get("/responses/{response_id}")
+    async def stored_response(request: Request, response_id: str) -> dict[str, Any]:
+        if request.query_params.get("stream", "false").lower() != "false":
+            raise APIError(400, "stream: only a background response streams again once created, and this server "
+                                "runs none", param="stream")
+        return store.response(response_id)
+
+    @v1.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return store.delete(response_id)
+
+    @v1.post("/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        store.response(response_id)  # a 404 where there is none
+        raise APIError(400, "only a background response can be cancelled, and this server runs none")
+
+    @v1.get("/responses/{response_id}/input_items")
+    async def input_items(request: Request, response_id: str) -> dict[str, Any]:
+        query = request.query_params
+        limit = query.get("limit", "20")
+        if not limit.isdigit():
+            raise APIError(400, f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}", param="limit")
+        return store.input_items(response_id, int(limit), query.get("order", "desc"), query.get("after"))
 
     @v1.post("/messages")
     async def messages(request: Request) -> Response:

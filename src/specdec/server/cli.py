@@ -31,6 +31,7 @@ from specdec.generate_cli import (
     speculative_config_json,
 )
 from specdec.reasoning import PARSERS as REASONING
+from specdec.server.response_store import DEFAULT_CAPACITY
 from specdec.tools import PARSERS
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
@@ -74,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "token), the running streams wait longer between tokens (default 0.5)")
     p.add_argument("--max-queue-len", type=number(int, 0), default=256,
                    help="sequences that may wait for a slot; more get HTTP 429 (default 256)")
+    p.add_argument("--max-stored-responses", type=number(int, 0), default=None,
+                   help="Responses API responses kept in memory for previous_response_id and GET /v1/responses/ID, "
+                   f"the least recently used dropped first; 0: none (default {DEFAULT_CAPACITY}, and none with more "
+                   "than one replica: each would keep its own)")
     p.add_argument("--max-request-bytes", type=number(int, 1), default=4 * 1024 * 1024,
                    help="largest request body accepted; more get HTTP 413 (default 4 MiB)")
     p.add_argument("--seed", type=int, default=0, help="seed of the seeds of unseeded requests (default 0)")
@@ -182,6 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
     app_kwargs = dict(served_model_name=name, api_key=api_key or "", chat_template=template,
                       max_queue_len=args.max_queue_len, max_body_bytes=args.max_request_bytes,
+                      max_stored_responses=_stored_responses(args, settings),
                       enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
     # The address before the model loads: a port in use or a bad host is one line now, not a uvicorn error after.
     sockets = bind_sockets(args.host, args.port)
@@ -359,6 +365,18 @@ def _replica_settings(args: argparse.Namespace):
                            max_ongoing_requests=args.max_ongoing_requests, num_cpus=cpus,
                            num_gpus=args.num_gpus_per_replica or 0.0, threads=args.threads_per_replica,
                            graceful_shutdown_timeout_s=args.graceful_timeout)
+
+
+def _stored_responses(args: argparse.Namespace, settings) -> int:
+    """``--max-stored-responses``, or its default: none where more than one replica may serve (each keeps its own, and
+    Ray Serve sends a continuation to any of them)."""
+    several = settings is not None and (settings.num_replicas > 1 or settings.max_replicas is not None)
+    if not several:
+        return DEFAULT_CAPACITY if args.max_stored_responses is None else args.max_stored_responses
+    if args.max_stored_responses:
+        raise SpecDecError("--max-stored-responses needs a single replica: each replica keeps its own responses and "
+                           "Ray Serve routes a previous_response_id to any of them (clients send the whole input)")
+    return 0
 
 
 def _run_replicas(args: argparse.Namespace, settings, llm_kwargs: dict[str, Any], app_kwargs: dict[str, Any],

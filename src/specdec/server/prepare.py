@@ -36,7 +36,8 @@ from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
 from specdec.server.messages_request import MessagesRequest, messages_error
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
-from specdec.server.responses_request import ResponsesRequest, responses_error
+from specdec.server.response_store import ResponseStore
+from specdec.server.responses_request import InputItem, ResponsesRequest, responses_error
 from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
 from specdec.tools import ToolParser
 
@@ -122,12 +123,15 @@ class Preparer:
     the engine thread only). ``max_sequences``: the most sequences one request may have;
     ``max_prompt_bytes``: the text prompt limit (None: :data:`PROMPT_BYTES_PER_TOKEN` per token); ``auto_tools``:
     the tool-call parser that reads ``tool_choice`` ``"auto"``'s calls, where it is served
-    (``--enable-auto-tool-choice``; one that reads special tokens has them kept in those requests' text)."""
+    (``--enable-auto-tool-choice``; one that reads special tokens has them kept in those requests' text);
+    ``responses_store``: the stored responses a Responses request may continue."""
 
     def __init__(self, llm: LLM, served_model_name: str, chat_template: str | None, max_sequences: int,
-                 max_prompt_bytes: int | None = None, auto_tools: ToolParser | None = None) -> None:
+                 max_prompt_bytes: int | None = None, auto_tools: ToolParser | None = None,
+                 responses_store: ResponseStore | None = None) -> None:
         self.llm, self.served_model_name, self.chat_template = llm, served_model_name, chat_template
         self.auto_tools = auto_tools
+        self.responses_store = ResponseStore(0) if responses_store is None else responses_store
         self.max_sequences = max_sequences
         self.max_prompt_bytes = max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * llm.max_model_len
         self.max_values = max_sequences * llm.max_model_len + JSON_VALUES_SLACK
@@ -160,22 +164,24 @@ class Preparer:
     def chat(self, body: bytes) -> Prepared:
         return self._chat(read_json(body, self.max_values))
 
-    def responses(self, body: bytes) -> tuple[ResponsesRequest, Prepared]:
-        """A Responses API request and the chat request it amounts to, prepared (:mod:`.responses_request`)."""
-        return self._translated(body, ResponsesRequest, responses_error)
+    def responses(self, body: bytes) -> tuple[ResponsesRequest, list[InputItem], Prepared]:
+        """A Responses API request, the context it continues (a stored response's, or none) and the chat request
+        they amount to, prepared (:mod:`.responses_request`, :mod:`.response_store`)."""
+        req: ResponsesRequest = parse(ResponsesRequest, read_json(body, self.max_values))
+        context = self.responses_store.context(req.previous_response_id)
+        return req, context, self._translated(req, responses_error, context=context)
 
     def messages(self, body: bytes) -> tuple[MessagesRequest, Prepared]:
         """An Anthropic Messages request and the chat request it amounts to, prepared (:mod:`.messages_request`)."""
-        return self._translated(body, MessagesRequest, messages_error, reasoning=self.llm.reasoning_parser is not None)
+        req = parse(MessagesRequest, read_json(body, self.max_values))
+        return req, self._translated(req, messages_error, reasoning=self.llm.reasoning_parser is not None)
 
-    def _translated(self, body: bytes, model: type, errors: Callable[[APIError], APIError], **options: Any
-                    ) -> tuple[Any, Prepared]:
-        """Another API's request (``model``, with ``chat_body(**options)``) and its chat request, prepared; the
-        chat's errors named by ``errors`` in that API's fields."""
-        req = parse(model, read_json(body, self.max_values))
+    def _translated(self, req: Any, errors: Callable[[APIError], APIError], **options: Any) -> Prepared:
+        """The chat request that another API's request ``req`` amounts to (``req.chat_body(**options)``), prepared;
+        the chat's errors named by ``errors`` in that API's fields."""
         chat = req.chat_body(**options)  # its errors name that API's fields already
         try:
-            return req, self._chat(chat)
+            return self._chat(chat)
         except APIError as exc:
             raise errors(exc) from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from specdec.server.chat_output import ChatOutputs
@@ -33,13 +34,15 @@ def _id(prefix: str) -> str:
 
 class ResponseShape(OutputItems):
     """One response being built from its chat deltas (:meth:`feed`, then :meth:`finish`); each step returns the
-    stream events it makes."""
+    stream events it makes. ``keep``: what stores the finished response, where it is stored
+    (:meth:`~specdec.server.response_store.ResponseStore.add`)."""
 
     REASONING, CONTENT = "reasoning", "message"
 
-    def __init__(self, req: ResponsesRequest, model: str, chat: ChatOutputs) -> None:
+    def __init__(self, req: ResponsesRequest, model: str, chat: ChatOutputs,
+                 keep: Callable[[dict[str, Any]], None] | None = None) -> None:
         super().__init__()
-        self.req, self.model, self.chat, self.stream = req, model, chat, req.stream
+        self.req, self.model, self.chat, self.stream, self.keep = req, model, chat, req.stream, keep
         self.id, self.created = _id("resp"), now()
         self.sequence = 0
 
@@ -51,7 +54,8 @@ class ResponseShape(OutputItems):
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": self.model,
                 "output": copy.deepcopy(self.items), "parallel_tool_calls": req.parallel_tool_calls,
-                "previous_response_id": None, "reasoning": req.reasoning, "store": False,
+                "previous_response_id": req.previous_response_id, "reasoning": req.reasoning,
+                "store": self.keep is not None,
                 "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt or {"type": "text"}},
                 "tool_choice": req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none"),
                 "tools": req.tools or [], "truncation": "disabled", "metadata": req.metadata or {},
@@ -120,6 +124,8 @@ class ResponseShape(OutputItems):
         status = "incomplete" if finish_reason == "length" else "completed"
         events = self._close(status)
         response = self.response(status, _usage(usage))
+        if self.keep is not None:
+            self.keep(response)
         events.append(self.event(f"response.{status}", response=response))
         return events, response
 

@@ -11,13 +11,16 @@ that is the chat endpoint's: the same checks, tool calling, reasoning split and 
 (:mod:`specdec.server.chat_request`), and an error in a chat field is reported under the Responses field it came
 from (:data:`CHAT_FIELDS`).
 
-What the server does not do is refused by name with a 400: stored responses (``previous_response_id``,
-``background``; ``store`` is accepted and nothing is stored, as the response says), built-in tools (web search, file
+``previous_response_id`` continues a stored response (:mod:`specdec.server.response_store`): its context and
+output go before ``input``.
+
+What the server does not do is refused by name with a 400: ``background`` responses, built-in tools (web search, file
 search, code interpreter, ...), images and files in the input, ``truncation: "auto"``, ``top_logprobs``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -92,6 +95,8 @@ class ReasoningItem(StrictModel):
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+ITEM_TYPES: dict[str, type[InputItem]] = {"message": MessageItem, "function_call": FunctionCallItem,
+                                          "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}
 
 
 class FunctionTool(StrictModel):
@@ -139,7 +144,7 @@ class ResponsesRequest(ChatExtensions):
     service_tier: Literal["auto", "default"] | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Literal["reasoning.encrypted_content"]] | None = None
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     background: Literal[False] | None = None
     top_logprobs: Literal[0] | None = None
     reasoning: dict[str, Any] | None = None
@@ -152,28 +157,16 @@ class ResponsesRequest(ChatExtensions):
             return [MessageItem(role="user", content=self.input)]
         if not self.input:
             raise APIError(400, "input is an empty list", param="input")
-        kinds = {"message": MessageItem, "function_call": FunctionCallItem,
-                 "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}
-        items = []
-        for i, raw in enumerate(self.input):
-            kind = raw.get("type", "message") if isinstance(raw, dict) else None
-            if not isinstance(kind, str) or kind not in kinds:
-                raise APIError(400, f"input[{i}] must be an item of type {', '.join(kinds)} (no images, files or "
-                                    f"built-in tool calls), got {short_repr(raw, 60)}", param=f"input[{i}]")
-            try:
-                items.append(parse(kinds[kind], raw))
-            except APIError as exc:
-                where = f"input[{i}]" + (f".{exc.param}" if exc.param else "")
-                raise APIError(400, f"input[{i}]: {exc.message}", param=where) from None
-        return items
+        return [parse_item(raw, f"input[{i}]") for i, raw in enumerate(self.input)]
 
-    def chat_body(self) -> dict[str, Any]:
-        """The chat request this one amounts to (a dict for :class:`~specdec.server.chat_request.ChatRequest`)."""
+    def chat_body(self, context: Sequence[InputItem] = ()) -> dict[str, Any]:
+        """The chat request this one amounts to (a dict for :class:`~specdec.server.chat_request.ChatRequest`),
+        ``context`` (a stored response's: :mod:`specdec.server.response_store`) before ``input``."""
         if self.reasoning not in (None, {}) and set(self.reasoning) - {"effort", "summary"}:
             raise APIError(400, f"reasoning takes effort and summary, got {sorted(self.reasoning)}",
                            param="reasoning")
-        body: dict[str, Any] = {"model": self.model, "messages": self.messages(), "temperature": self.temperature,
-                                "top_p": self.top_p, "stream": self.stream,
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(context),
+                                "temperature": self.temperature, "top_p": self.top_p, "stream": self.stream,
                                 "parallel_tool_calls": self.parallel_tool_calls}
         body.update({**self.extensions(), **({"stop": self.stop} if self.stop is not None else {})})
         if self.max_output_tokens is not None:
@@ -191,12 +184,12 @@ class ResponsesRequest(ChatExtensions):
             body["response_format"] = {"type": fmt.type}
         return body
 
-    def messages(self) -> list[dict[str, Any]]:
-        """The chat messages of ``instructions`` and ``input``: consecutive calls join one assistant message (after
-        its text, if it had any), a reasoning item's text goes with the next assistant message."""
+    def messages(self, context: Sequence[InputItem] = ()) -> list[dict[str, Any]]:
+        """The chat messages of ``instructions``, ``context`` and ``input``: consecutive calls join one assistant
+        message (after its text, if it had any), a reasoning item's text goes with the next assistant message."""
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         reasoning = ""
-        for item in self.items():
+        for item in [*context, *self.items()]:
             if isinstance(item, ReasoningItem):
                 reasoning += item.text()
                 continue
@@ -239,6 +232,19 @@ class ResponsesRequest(ChatExtensions):
             return choice
         raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": "
                             "...}", param="tool_choice")
+
+
+def parse_item(raw: Any, where: str) -> InputItem:
+    """One input item (an output item of an earlier response reads as one too); a bad one is a 400 naming it
+    (``where``: ``input[3]``)."""
+    kind = raw.get("type", "message") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in ITEM_TYPES:
+        raise APIError(400, f"{where} must be an item of type {', '.join(ITEM_TYPES)} (no images, files or built-in "
+                            f"tool calls), got {short_repr(raw, 60)}", param=where)
+    try:
+        return parse(ITEM_TYPES[kind], raw)
+    except APIError as exc:
+        raise APIError(400, f"{where}: {exc.message}", param=where + (f".{exc.param}" if exc.param else "")) from None
 
 
 def responses_error(exc: APIError) -> APIError:
