@@ -52,7 +52,7 @@ def test_products_are_row_invariant_and_default_ones_are_not():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for w in (weight, pack(weight), weight.float(), pack(weight.float())):
+        for w in (weight, pack(weight), weight.float(), pack(weight.float(), bfloat16_storage=False)):
             _count_row_differences(w, rows.to(w.dtype), differ)
     finally:
         torch.set_num_threads(threads)

@@ -254,6 +254,7 @@ def load_bench(
     bandwidth = args.bandwidth_gbs or measured
     param_bytes = parameter_bytes(target)
     weight_bytes, kv_bytes = step_read_bytes(target, len(first) + args.max_tokens // 2)
+    weight_bytes = reference.target.step_weight_bytes() or weight_bytes  # as stored (bfloat16 weights: half)
     calibration = _calibrate(runners, reference, context, source, args, weight_bytes + kv_bytes, bandwidth)
     info = {
         "shape": source.shape,

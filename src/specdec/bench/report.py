@@ -40,7 +40,8 @@ NOTES = (
     "acceptance of the middle model's tokens); auto k = the auto-k policy's mean k over request steps, and the "
     "share of steps it drafted nothing for the request (only columns some row fills are shown).",
     "roofline (plain decoding) = bytes read per step × steps/s / bandwidth, a step emitting one token per "
-    "request; bytes read per step = every weight a forward reads (the output head included) + the KV cache at "
+    "request; bytes read per step = every weight a forward reads, as the backend stores it (the output head "
+    "included; bfloat16-stored weights of a float32 model at 2 bytes) + the KV cache at "
     "batch 1 (the first prompt's length + half the output); bandwidth = measured by a read probe on the bench's "
     "threads (a GPU's spec sheet figure is listed beside it), or --bandwidth-gbs.",
     "ideal (draft equal to the target, batch 1) = (k+1) / (k + t(k+1)/t(1)), t(n) the median time of one "

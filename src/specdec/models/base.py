@@ -317,6 +317,11 @@ class CausalLM(ABC):
         """Bytes one token's keys and values take in the pool (every layer), or None when unknown."""
         return None
 
+    def step_weight_bytes(self) -> int | None:
+        """Bytes of weights one decoding step reads, as this backend stores them (one embedding row, every
+        layer's matrices, the output head), or None when unknown."""
+        return None
+
     @abstractmethod
     def forward(self, batch: ForwardBatch, cache: KVCache) -> ForwardOutput:
         """Write the batch's keys and values into its slots, advance their lengths and return

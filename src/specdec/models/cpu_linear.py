@@ -1,4 +1,5 @@
-"""The fast backend's matrix products on a CPU: oneDNN-prepacked float32 and bfloat16 weights.
+"""The fast backend's matrix products on a CPU: oneDNN-prepacked float32 and bfloat16 weights, and float32
+weights of bfloat16 values stored in bfloat16 where oneDNN has no bfloat16 kernel (:mod:`.bf16_product`).
 
 ``F.linear`` over a plain ``[out, in]`` bfloat16 weight reorders the weight's blocks on every call;
 a weight packed once into oneDNN's own blocked layout (an opaque ``torch._mkldnn`` tensor) is read
@@ -31,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models import bf16_product
+
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 """Model dtypes whose CPU decoder-layer weights are packed (bfloat16 where oneDNN supports it)."""
 
@@ -57,9 +60,14 @@ def packs(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` in oneDNN's packed layout (a ``torch._mkldnn`` tensor of the same shape
-    and dtype) where :func:`packs` says so, else ``weight`` itself. The caller drops its plain copy."""
+def pack(weight: torch.Tensor, bfloat16_storage: bool = True) -> torch.Tensor:
+    """``weight`` ``[out, in]`` in the form :func:`linear` reads fastest: stored in bfloat16 where it is a float32
+    weight of bfloat16 values (:mod:`.bf16_product`, unless ``bfloat16_storage`` is false: for comparisons), else
+    in oneDNN's packed layout (a ``torch._mkldnn`` tensor of the same shape and dtype) where :func:`packs` says
+    so, else ``weight`` itself. The caller drops its plain copy."""
+    stored = bf16_product.blocked(weight) if bfloat16_storage else None
+    if stored is not None:
+        return stored
     if not packs(weight.device, weight.dtype):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
@@ -67,17 +75,20 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """A packed copy of a shared ``weight`` ``[out, in]`` (the output head, which drafters and draft
-    vocabularies read as a plain tensor) where :func:`packs` says so and the copy takes at most
-    :data:`COPY_BYTES`, else None."""
-    if not packs(weight.device, weight.dtype) or weight.numel() * weight.element_size() > COPY_BYTES:
+    vocabularies read as a plain tensor) where :func:`pack` would pack it (:func:`packs`, or a bfloat16-stored
+    copy) and ``weight`` takes at most :data:`COPY_BYTES`, else None."""
+    if weight.numel() * weight.element_size() > COPY_BYTES:
         return None
-    return pack(weight)
+    copy = pack(weight)
+    return None if copy is weight else copy
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x`` ``[..., in]``, ``weight`` ``[out, in]`` plain or packed, ``bias``
     ``[out]`` or None; returns ``[..., out]`` in ``x``'s dtype. A packed bfloat16 product over fewer than
     :data:`FEW_ROWS` rows of more than :data:`ONE_ROW_WIDTH` is computed over :data:`FEW_ROWS`."""
+    if bf16_product.is_blocked(weight):
+        return bf16_product.linear(x, weight, bias)
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
     if not pads_few_rows(weight) or x.numel() // x.shape[-1] >= FEW_ROWS or x.shape[-1] <= ONE_ROW_WIDTH:
@@ -108,7 +119,13 @@ def over_rows(fn, x: torch.Tensor, rows: int, *args) -> torch.Tensor:
 
 def is_packed(weight: torch.Tensor) -> bool:
     """Whether ``weight`` is a packed weight of :func:`pack`."""
-    return weight.is_mkldnn
+    return weight.is_mkldnn or bf16_product.is_blocked(weight)
+
+
+def row_invariant(weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` gives a row with ``weight`` the same bits at every row count (a bfloat16-stored
+    weight: one chain of multiply-adds per output, :mod:`.bf16_product`)."""
+    return bf16_product.is_blocked(weight)
 
 
 class PackedLinear(nn.Module):

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.models.cpu_linear import over_rows, pads_few_rows
+from specdec.models.cpu_linear import over_rows, pads_few_rows, row_invariant
 
 KEY_BLOCK = 64
 """Keys per block of :func:`attend`; the attended key length is padded to a multiple of it."""
@@ -62,7 +62,10 @@ def rows_linear(fn, x: torch.Tensor, *args) -> torch.Tensor:
     block of at most :data:`ROW_BLOCK` rows at a time, each over a multiple of :data:`ROW_TILE` rows: the rows are
     padded with copies of the first and only theirs kept. A oneDNN-packed bfloat16 weight needs no padding: every
     row count from 2 to the block takes the same kernel, and :func:`~.cpu_linear.linear` computes fewer rows than 4
-    as 4 where one row would take another. Returns ``[..., out]``."""
+    as 4 where one row would take another; a bfloat16-stored weight (:mod:`.bf16_product`) gives a row the same
+    bits at every row count, so its product is computed as it is. Returns ``[..., out]``."""
+    if row_invariant(args[0]):
+        return fn(x, *args)
     width = x.shape[-1]
     count = x.numel() // width
     block = ROW_BLOCK.get(args[0].dtype, OTHER_ROW_BLOCK)

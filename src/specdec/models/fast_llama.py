@@ -163,6 +163,13 @@ class FastLlamaLM(CausalLM):
     def kv_bytes_per_token(self) -> int:
         return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
+    def step_weight_bytes(self) -> int:
+        tensors = [t for layer in self.layers for part in (layer.attention, layer.output, layer.experts or ())
+                   for t in part if isinstance(t, torch.Tensor)]
+        head = self.lm_head if self.packed_head is None else self.packed_head
+        row = self.embed[0].numel() * self.embed.element_size()
+        return row + sum(t.numel() * t.element_size() for t in [*tensors, head])
+
     def new_cache(self, num_slots: int, capacity: int, num_blocks: int | None = None,
                   prefix_caching: bool = False) -> PagedKVPool:
         size, tokens = BLOCK_SIZE, None if num_blocks is None else num_blocks * BLOCK_SIZE

@@ -31,7 +31,6 @@ from specdec.generate_cli import (
     speculative_config_json,
 )
 from specdec.reasoning import PARSERS as REASONING
-from specdec.server.response_store import DEFAULT_CAPACITY
 from specdec.tools import PARSERS
 
 DEFAULT_SERVED_NAME = "specdec-default-pair"
@@ -77,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sequences that may wait for a slot; more get HTTP 429 (default 256)")
     p.add_argument("--max-stored-responses", type=number(int, 0), default=None,
                    help="Responses API responses kept in memory for previous_response_id and GET /v1/responses/ID, "
-                   f"the least recently used dropped first; 0: none (default {DEFAULT_CAPACITY}, and none with more "
+                   "the least recently used dropped first; 0: none (default 1024, and none with more "
                    "than one replica: each would keep its own)")
     p.add_argument("--max-request-bytes", type=number(int, 1), default=4 * 1024 * 1024,
                    help="largest request body accepted; more get HTTP 413 (default 4 MiB)")
@@ -370,6 +369,8 @@ def _replica_settings(args: argparse.Namespace):
 def _stored_responses(args: argparse.Namespace, settings) -> int:
     """``--max-stored-responses``, or its default: none where more than one replica may serve (each keeps its own, and
     Ray Serve sends a continuation to any of them)."""
+    from specdec.server.response_store import DEFAULT_CAPACITY
+
     several = settings is not None and (settings.num_replicas > 1 or settings.max_replicas is not None)
     if not several:
         return DEFAULT_CAPACITY if args.max_stored_responses is None else args.max_stored_responses
