@@ -126,10 +126,19 @@ def test_bad_reads_are_a_400_naming_the_parameter(server, suffix, param):
     assert cancel.status_code == 400 and "background" in cancel.json()["error"]["message"]
 
 
+def request(text: str, previous: str | None = None) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"input": text, "previous_response_id": previous})
+
+
 def stored(store: ResponseStore, id_: str, text: str = "x") -> None:
     output = [{"type": "message", "id": "msg_" + id_, "role": "assistant", "status": "completed",
                "content": [{"type": "output_text", "text": text, "annotations": []}]}]
-    store.add({"id": id_, "output": output}, ResponsesRequest.model_validate({"input": "q" + id_}), [])
+    store.add({"id": id_, "output": output}, store.turn(request("q" + id_)))
+
+
+def context(store: ResponseStore, id_: str) -> list[str]:
+    """The texts a request continuing ``id_`` starts from."""
+    return [item.text() for item in store.turn(request("next", id_)).context]
 
 
 def test_the_store_drops_the_least_recently_used():
@@ -138,15 +147,15 @@ def test_the_store_drops_the_least_recently_used():
     store = ResponseStore(2)
     stored(store, "a", "A")
     stored(store, "b")
-    assert [item.text() for item in store.context("a")] == ["qa", "A"]
+    assert context(store, "a") == ["qa", "A"]
     stored(store, "c")
     assert len(store) == 2 and store.response("a")["id"] == "a"
     with pytest.raises(APIError) as dropped:
-        store.context("b")
+        context(store, "b")
     assert dropped.value.status == 400 and "2 most recently used" in dropped.value.message
-    store.add({"id": "d", "output": []}, ResponsesRequest.model_validate({"input": "qd"}), store.context("a"))
+    store.add({"id": "d", "output": []}, store.turn(request("qd", "a")))
     store.delete("a")
-    assert [item.text() for item in store.context("d")] == ["qa", "A", "qd"]
+    assert context(store, "d") == ["qa", "A", "qd"]
     with pytest.raises(APIError) as missing:
         store.delete("a")
     assert missing.value.status == 404

@@ -286,10 +286,10 @@ def create_app(llm: LLM | None = None, *, served_model_name: str | None = None, 
 
     @v1.post("/responses")
     async def responses(request: Request) -> Response:
-        req, context, prepared = await prepare(request, preparer.responses)
+        req, turn, prepared = await prepare(request, preparer.responses)
         chat = ChatOutputs(prepared.request, parser, None if llm.reasoning_parser is None else
                            bool(llm.thinking(*prepared.prompts[0])))
-        keep = (lambda response: store.add(response, req, context)) if store.keeps(req) else None
+        keep = (lambda response: store.add(response, turn)) if store.keeps(req) else None
         return await answer_shaped(request, Submission(state, prepared), ResponseShape(req, name, chat, keep))
 
     @v1.get("/responses/{response_id}")

@@ -36,8 +36,8 @@ from specdec.llm import LLM
 from specdec.server.chat_request import ChatRendering, ChatRequest
 from specdec.server.messages_request import MessagesRequest, messages_error
 from specdec.server.protocol import APIError, CompletionRequest, SamplingFields, parse
-from specdec.server.response_store import ResponseStore
-from specdec.server.responses_request import InputItem, ResponsesRequest, responses_error
+from specdec.server.response_store import ResponseStore, Turn
+from specdec.server.responses_request import ResponsesRequest, responses_error
 from specdec.server.tokenize import Detokenize, TokenizeChat, TokenizePrompt
 from specdec.tools import ToolParser
 
@@ -164,12 +164,12 @@ class Preparer:
     def chat(self, body: bytes) -> Prepared:
         return self._chat(read_json(body, self.max_values))
 
-    def responses(self, body: bytes) -> tuple[ResponsesRequest, list[InputItem], Prepared]:
-        """A Responses API request, the context it continues (a stored response's, or none) and the chat request
-        they amount to, prepared (:mod:`.responses_request`, :mod:`.response_store`)."""
+    def responses(self, body: bytes) -> tuple[ResponsesRequest, Turn, Prepared]:
+        """A Responses API request, its items after the context it continues (a stored response's, or none) and
+        the chat request they amount to, prepared (:mod:`.responses_request`, :mod:`.response_store`)."""
         req: ResponsesRequest = parse(ResponsesRequest, read_json(body, self.max_values))
-        context = self.responses_store.context(req.previous_response_id)
-        return req, context, self._translated(req, responses_error, context=context)
+        turn = self.responses_store.turn(req)
+        return req, turn, self._translated(req, responses_error, items=turn.items)
 
     def messages(self, body: bytes) -> tuple[MessagesRequest, Prepared]:
         """An Anthropic Messages request and the chat request it amounts to, prepared (:mod:`.messages_request`)."""

@@ -6,10 +6,11 @@ Terms:
 
 - a response's **input items**: its request's ``input`` as items (a string is one user message), each with an
   ``id`` (the client's, or one given here), message texts as content parts;
-- its **context**: the items the model was shown after the request's ``instructions``: its previous response's
-  context and output, then its own input items. A request with ``previous_response_id`` is read as if it had sent
-  that response's context and output before its own ``input``; ``instructions`` are not carried over (OpenAI's
-  rule: each request gives its own). With prefix caching the continued prompt's tokens are read from the cache.
+- its **context**: what a request continuing it starts from: the items it was shown after its ``instructions``
+  (the context of the response it continued, then its own input items) and its output. A request with
+  ``previous_response_id`` is read as if it had sent that response's context before its own ``input``
+  (:class:`Turn`); ``instructions`` are not carried over (OpenAI's rule: each request gives its own). With prefix
+  caching the continued prompt's tokens are read from the cache.
 
 A response is stored when it finishes (completed, or incomplete at ``max_output_tokens``): a stream the client
 left, or one ended by an error, is not. The store lives in the server process's memory, holds at most
@@ -39,9 +40,23 @@ MAX_PAGE = 100
 
 
 @dataclass(frozen=True)
+class Turn:
+    """A Responses request's items: ``context`` (the stored response's it continues; none for a new conversation)
+    and ``own`` (its ``input``'s)."""
+
+    context: tuple[InputItem, ...]
+    own: tuple[InputItem, ...]
+
+    @property
+    def items(self) -> tuple[InputItem, ...]:
+        """The conversation the model is shown after ``instructions``."""
+        return (*self.context, *self.own)
+
+
+@dataclass(frozen=True)
 class StoredResponse:
-    """One stored response: the ``response`` object as answered, its ``input_items`` (dicts, as listed) and the
-    ``context`` a continuation starts from (its context and output, parsed)."""
+    """One stored response: the ``response`` object as answered, its ``input_items`` (dicts, as listed) and its
+    ``context`` (parsed)."""
 
     response: dict[str, Any]
     input_items: tuple[dict[str, Any], ...]
@@ -65,11 +80,14 @@ class ResponseStore:
         """Whether ``req``'s response will be stored (what its ``store`` field says)."""
         return req.store and self.capacity > 0
 
-    def context(self, previous_response_id: str | None) -> list[InputItem]:
-        """The items a request continuing ``previous_response_id`` starts from (none for None); an unknown id is
-        OpenAI's 400 ``previous_response_not_found``."""
+    def turn(self, req: ResponsesRequest) -> Turn:
+        """``req``'s items, after the context of the response it continues; an unknown ``previous_response_id`` is
+        OpenAI's 400 ``previous_response_not_found``, a bad item a 400 naming it."""
+        return Turn(self._context(req.previous_response_id), tuple(req.items()))
+
+    def _context(self, previous_response_id: str | None) -> tuple[InputItem, ...]:
         if previous_response_id is None:
-            return []
+            return ()
         if self.capacity == 0:
             raise APIError(400, "this server stores no responses (started with --max-stored-responses 0): send the "
                                 "whole conversation in input instead of previous_response_id",
@@ -80,14 +98,13 @@ class ResponseStore:
                                 f"was deleted, or was dropped: this server keeps the {self.capacity} most recently "
                                 "used responses, in memory)", param="previous_response_id",
                            code="previous_response_not_found")
-        return list(stored.context)
+        return stored.context
 
-    def add(self, response: dict[str, Any], req: ResponsesRequest, context: list[InputItem]) -> None:
-        """Store ``response``, the answer to ``req`` whose earlier items were ``context``."""
-        own = req.items()
+    def add(self, response: dict[str, Any], turn: Turn) -> None:
+        """Store ``response``, the answer to the request of ``turn``."""
         output = tuple(parse_item(item, f"output[{i}]") for i, item in enumerate(response["output"]))
-        stored = StoredResponse(copy.deepcopy(response), tuple(_with_id(item) for item in own),
-                                (*context, *own, *output))
+        stored = StoredResponse(copy.deepcopy(response), tuple(_with_id(item) for item in turn.own),
+                                (*turn.items, *output))
         with self._lock:
             self._stored[response["id"]] = stored
             self._stored.move_to_end(response["id"])

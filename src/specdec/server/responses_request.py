@@ -12,7 +12,7 @@ that is the chat endpoint's: the same checks, tool calling, reasoning split and 
 from (:data:`CHAT_FIELDS`).
 
 ``previous_response_id`` continues a stored response (:mod:`specdec.server.response_store`): its context and
-output go before ``input``.
+output go before ``input`` (:meth:`ResponsesRequest.chat_body`'s ``items``).
 
 What the server does not do is refused by name with a 400: ``background`` responses, built-in tools (web search, file
 search, code interpreter, ...), images and files in the input, ``truncation: "auto"``, ``top_logprobs``.
@@ -159,13 +159,14 @@ class ResponsesRequest(ChatExtensions):
             raise APIError(400, "input is an empty list", param="input")
         return [parse_item(raw, f"input[{i}]") for i, raw in enumerate(self.input)]
 
-    def chat_body(self, context: Sequence[InputItem] = ()) -> dict[str, Any]:
-        """The chat request this one amounts to (a dict for :class:`~specdec.server.chat_request.ChatRequest`),
-        ``context`` (a stored response's: :mod:`specdec.server.response_store`) before ``input``."""
+    def chat_body(self, items: Sequence[InputItem] | None = None) -> dict[str, Any]:
+        """The chat request this one amounts to (a dict for :class:`~specdec.server.chat_request.ChatRequest`):
+        ``instructions``, then ``items`` (the conversation's: a stored response's context before this request's
+        own, :class:`specdec.server.response_store.Turn`; None: ``input``'s)."""
         if self.reasoning not in (None, {}) and set(self.reasoning) - {"effort", "summary"}:
             raise APIError(400, f"reasoning takes effort and summary, got {sorted(self.reasoning)}",
                            param="reasoning")
-        body: dict[str, Any] = {"model": self.model, "messages": self.messages(context),
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(items),
                                 "temperature": self.temperature, "top_p": self.top_p, "stream": self.stream,
                                 "parallel_tool_calls": self.parallel_tool_calls}
         body.update({**self.extensions(), **({"stop": self.stop} if self.stop is not None else {})})
@@ -184,12 +185,13 @@ class ResponsesRequest(ChatExtensions):
             body["response_format"] = {"type": fmt.type}
         return body
 
-    def messages(self, context: Sequence[InputItem] = ()) -> list[dict[str, Any]]:
-        """The chat messages of ``instructions``, ``context`` and ``input``: consecutive calls join one assistant
-        message (after its text, if it had any), a reasoning item's text goes with the next assistant message."""
+    def messages(self, items: Sequence[InputItem] | None = None) -> list[dict[str, Any]]:
+        """The chat messages of ``instructions`` and ``items`` (None: ``input``'s): consecutive calls join one
+        assistant message (after its text, if it had any), a reasoning item's text goes with the next assistant
+        message."""
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         reasoning = ""
-        for item in [*context, *self.items()]:
+        for item in self.items() if items is None else items:
             if isinstance(item, ReasoningItem):
                 reasoning += item.text()
                 continue
