@@ -85,15 +85,18 @@ def _count_row_differences(w: torch.Tensor, rows: torch.Tensor, differ: dict[str
             differ[label] += sum(not torch.equal(full[i], fn(batch[i : i + 1])[0]) for i in range(m))
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 64), (8, 2, 128)])
-def test_attention_is_query_and_key_invariant_and_sdpa_is_not(heads, kv_heads, dim):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 64), (8, 2, 128), (32, 4, 64)])
+def test_attention_is_query_and_key_invariant_and_sdpa_is_not(heads, kv_heads, dim, dtype):
     """A query's attention output as a one-token decode (exact key length) against the same query in a
     verification of 2..9 queries or a prefill chunk of 33, over a key length padded past it: identical with
     :func:`det.attend`, not with the default SDPA. A head size of 128 with 4 queries per KV head gives products
-    over 8 to 132 query columns (on an AMX Xeon, queries as a product's rows took other bits past 4 of them)."""
+    over 8 to 132 query columns (on an AMX Xeon, queries as a product's rows took other bits past 4 of them). In
+    float32 nothing rounds the output afterwards: with 4 or 8 query columns against 12 or more, the AVX2 EPYC's
+    products differed in 42-53 of these 53 queries until the columns were padded to 16."""
     torch.manual_seed(1)
-    keys, values = torch.randn(2, 1, kv_heads, 400, dim).bfloat16().unbind(0)
-    q = torch.randn(1, heads, 400, dim).bfloat16()
+    keys, values = torch.randn(2, 1, kv_heads, 400, dim).to(dtype).unbind(0)
+    q = torch.randn(1, heads, 400, dim).to(dtype)
     differ = {True: 0, False: 0}
     for deterministic in (True, False):
         for start, width, extra in ((40, 5, 0), (100, 9, 30), (300, 4, 70), (63, 2, 1), (200, 33, 0)):
@@ -121,6 +124,56 @@ def test_blocked_attention_matches_sdpa_closely():
 
 
 # ---------------------------------------------------------------- end to end
+def _float32_llama(bfloat16_values: bool, root) -> str:
+    """A random float32 Llama (8 heads over 2 KV heads, so a verification's queries fill several product columns)
+    saved under ``root``; ``bfloat16_values``: its weights hold bfloat16 values (stored in bfloat16 where the
+    bfloat16-weight product runs, else float32 products as the others)."""
+    torch.manual_seed(4)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=CONTEXT)
+    model = LlamaForCausalLM(config).eval()
+    if bfloat16_values:
+        model = model.bfloat16().float()
+    model.save_pretrained(root)
+    return str(root)
+
+
+def _row_logits(lm, tokens: list[int], feeds: list[list[tuple[int, int]]]) -> list[torch.Tensor]:
+    """Row 0's logits from its 8th token on, its 12 tokens fed as ``feeds`` say (each a list of (row, count));
+    row 1 feeds ``tokens[20:]`` beside it where a feed names it."""
+    from specdec.models.base import ForwardBatch
+
+    cache, fed, out = lm.new_cache(2, 96), [0, 0], []
+    for feed in feeds:
+        rows = [tokens[20 * r + fed[r] : 20 * r + fed[r] + n] for r, n in feed]
+        batch = ForwardBatch.from_rows(rows, [fed[r] for r, _ in feed], [r for r, _ in feed], lm.device)
+        out.append(lm.forward(batch, cache).logits.reshape(-1, VOCAB)[: feed[0][1]])
+        for r, n in feed:
+            fed[r] += n
+    return list(torch.cat(out)[7:])
+
+
+@pytest.mark.parametrize("bfloat16_values", [False, True])
+def test_float32_logits_do_not_depend_on_the_forward(tmp_path, bfloat16_values):
+    """In float32 a position's logits have the same bits fed one token at a time (plain decoding), as one of 5
+    tokens fed together (a verification), and beside a row with a longer cache and more tokens (a batch). Not
+    so with the mode off."""
+    from specdec.models.loader import load_causal_lm
+
+    folder = _float32_llama(bfloat16_values, tmp_path / "model")
+    tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    differ = {}
+    for deterministic in (True, False):
+        lm = load_causal_lm(folder, dtype=torch.float32, device="cpu", backend="fast", deterministic=deterministic)
+        one_by_one = _row_logits(lm, tokens, [[(0, 7)], *[[(0, 1)]] * 5])
+        verified = _row_logits(lm, tokens, [[(0, 7)], [(0, 5)]])
+        batched = _row_logits(lm, tokens, [[(0, 7), (1, 30)], [(0, 5), (1, 9)]])
+        differ[deterministic] = sum(not torch.equal(a, b) for a, b in zip(one_by_one, verified)) + sum(
+            not torch.equal(a, b) for a, b in zip(one_by_one, batched))
+    assert differ[True] == 0
+    assert differ[False] > 0, "the default forward was expected to depend on the tokens beside (this CPU?)"
+
+
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     """A random bfloat16 Llama (MLP width 1536, so the down projection reduces past one oneDNN block),

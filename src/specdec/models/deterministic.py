@@ -25,10 +25,14 @@ torch 2.13, 2 threads; ``docs/lab-notes/2026-11-24-determinism.md``), row ``i`` 
   (4 or more against the decode's pair), with the attended key length (a longer row in the batch,
   or a verification's extra keys) and with the split of the keys into blocks. Fix: :func:`attend`,
   explicit attention over fixed blocks of :data:`KEY_BLOCK` keys at fixed offsets, in float32, the
-  blocks combined in ascending order: every product reduces over ``head_dim`` or one block. On the AMX Xeon
+  blocks combined in ascending order: every product reduces over ``head_dim`` or one block, with the queries as
+  its columns in a multiple of :data:`QUERY_TILE`. Which operand is the product's rows matters: on the AMX Xeon
   (MKL), a float32 product of the queries (as rows) with the keys transposed gives a query other bits at 8 rows than
   at 4 for a head size of 128; with the keys as the rows and the queries as the columns, a query's column has the
-  same bits for any number of columns and keys (``docs/lab-notes/2026-11-30-amx-host.md``).
+  same bits for any number of columns and keys (``docs/lab-notes/2026-11-30-amx-host.md``). On the AVX2 EPYC a
+  column's bits are the same for 4 or 8 columns and for any multiple of 16, but not across the two: a verification
+  (5 tokens: 10-40 query columns) gave the decode's query other float32 bits until the columns were padded to 16
+  (``docs/lab-notes/2026-12-03-float32-determinism.md``; bfloat16 outputs had rounded the difference away).
 - **RMSNorm, rotary, activations, residuals, the argmax**: per row already (no difference measured).
 
 The logits stay in the model's dtype (an argmax over identical logits is identical, ties included);
@@ -47,6 +51,11 @@ KEY_BLOCK = 64
 
 ROW_TILE = 4
 """Every matrix product is given a multiple of this many rows (the missing ones are copies of the first)."""
+
+QUERY_TILE = 16
+""":func:`attend`'s queries are its products' columns, padded to a multiple of this many: a column's bits are then
+the same for any number of columns (on the AVX2 EPYC in float32, 4 or 8 columns take another kernel than 12 or
+more; 16, 32, ... 1024 agree, and with any number of key rows)."""
 
 ROW_BLOCK = {torch.bfloat16: 32}
 """The most rows one product computes, by weight dtype (:data:`OTHER_ROW_BLOCK` for the others): a product over
@@ -87,15 +96,17 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
            softcap: float | None = None) -> torch.Tensor:
     """Scaled dot-product attention of ``q`` ``[R, heads, T, head_dim]`` over ``keys`` and ``values``
     ``[R, kv_heads, K, head_dim]`` (``mask`` ``[R, 1, T, K]`` bool or None: all visible), with a reduction order
-    fixed per query: scores in float32 (products over ``head_dim``, a query's scores one column of a product whose
-    rows are the keys), masked, the query's maximum subtracted (a maximum is exact in any order), then per block of
-    :data:`KEY_BLOCK` keys at offsets ``0, 64, ...`` the exponentials' sum and their product with the values, and
-    the blocks summed in ascending order (a masked key adds an exact zero, so keys past the query's last visible one
-    change nothing). ``K`` not a multiple of the block is padded (masked zeros). The queries
-    (``heads // kv_heads * T`` per KV head) are padded to a multiple of :data:`ROW_TILE`. ``softcap``: scores become
-    ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T, head_dim]`` in ``q``'s dtype."""
+    fixed per query. The queries (``heads // kv_heads * T`` per KV head) are the columns of both products, padded to
+    a multiple of :data:`QUERY_TILE` (zeros); the keys are the rows of the first. Scores in float32 (products over
+    ``head_dim``), masked, the query's maximum subtracted (a maximum is exact in any order), then per block of
+    :data:`KEY_BLOCK` keys at offsets ``0, 64, ...`` the products of the values (as rows: the stored values
+    transposed, a view) and of a row of ones (the exponentials' sum) with the exponentials, and the blocks summed in
+    ascending order (a masked key adds an exact
+    zero, so keys past the query's last visible one change nothing). ``K`` not a multiple of the block is padded
+    (masked zeros). ``softcap``: scores become ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T,
+    head_dim]`` in ``q``'s dtype."""
     rows, heads, width, head_dim = q.shape
-    kv_heads, key_len = keys.shape[1], keys.shape[2]
+    kv_heads, key_len, dtype = keys.shape[1], keys.shape[2], q.dtype
     padded = pad_keys(key_len)
     if mask is None:
         mask = torch.ones(rows, 1, width, key_len, dtype=torch.bool, device=q.device)
@@ -105,28 +116,23 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         mask = F.pad(mask, (0, extra), value=False)
     group = heads // kv_heads  # query head h reads kv head h // group
     queries = group * width
-    if queries % ROW_TILE:  # a partial row tile takes other kernels: pad with copies of the first query
-        more = next(t for t in range(width + 1, width + ROW_TILE + 1) if group * t % ROW_TILE == 0) - width
-        q = torch.cat([q, q[:, :, :1].expand(-1, -1, more, -1)], dim=2)
-        mask = torch.cat([mask, mask[:, :, :1].expand(-1, -1, more, -1)], dim=2)
-        return attend(q, keys, values, mask, scale, softcap)[:, :, :width]
-    # The keys are the score product's rows and the queries its columns: a column's bits do not depend on how many
-    # columns there are, where a row's of a product with a transposed right operand (queries as rows against the
-    # keys transposed) change with the row count on the AMX Xeon for a head size of 128.
-    columns = q.reshape(rows, kv_heads, queries, head_dim).transpose(2, 3).float().contiguous()  # [R, kvh, D, G*T]
-    rows_of_keys = keys.to(torch.float32, memory_format=torch.contiguous_format)  # both operands contiguous
-    scores = torch.matmul(rows_of_keys, columns) * scale  # [R, kvh, K, G*T]
+    columns = -(-queries // QUERY_TILE) * QUERY_TILE
+    more = columns - queries
+    q = q.reshape(rows, kv_heads, queries, head_dim).float()
+    q = F.pad(q.transpose(2, 3), (0, more)).contiguous()  # [R, kvh, D, C]
+    scores = torch.matmul(keys.to(torch.float32, memory_format=torch.contiguous_format), q) * scale  # [R, kvh, K, C]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     visible = mask[:, :, None].expand(rows, 1, group, width, padded).reshape(rows, 1, queries, padded)
-    scores = scores.masked_fill(~visible.transpose(2, 3), float("-inf"))
+    visible = F.pad(visible.transpose(2, 3), (0, more), value=True)  # [R, 1, K, C]; padded queries see every key
+    scores = scores.masked_fill(~visible, float("-inf"))
     weights = torch.exp(scores - scores.amax(dim=2, keepdim=True))
     blocks = padded // KEY_BLOCK
-    weights = weights.view(rows, kv_heads, blocks, KEY_BLOCK, queries)
-    # Back to a query per row before the sums over the keys: a sum over a dim that is not the innermost one changes
-    # its order with the number of queries.
-    weights = weights.transpose(3, 4).contiguous()  # [R, kvh, blocks, G*T, B]
-    total = weights.sum(dim=-1).cumsum(dim=2)[:, :, -1, :, None]  # [R, kvh, G*T, 1], blocks in order
-    per_block = torch.matmul(weights, values.float().view(rows, kv_heads, blocks, KEY_BLOCK, head_dim))
-    out = per_block.cumsum(dim=2)[:, :, -1] / total  # [R, kvh, G*T, D]
-    return out.view(rows, heads, width, head_dim).to(q.dtype)
+    weights = weights.view(rows, kv_heads, blocks, KEY_BLOCK, columns)
+    rows_of_values = values.float().view(rows, kv_heads, blocks, KEY_BLOCK, head_dim).transpose(3, 4)  # a view
+    per_block = torch.matmul(rows_of_values, weights)  # [R, kvh, blocks, D, C]
+    ones = torch.ones(1, KEY_BLOCK, dtype=torch.float32, device=q.device)
+    sums = torch.matmul(ones, weights)  # [R, kvh, blocks, 1, C]: a product too (a sum over the keys is not invariant)
+    out = per_block.cumsum(dim=2)[:, :, -1] / sums.cumsum(dim=2)[:, :, -1]  # blocks in order: [R, kvh, D, C]
+    out = out[..., :queries]  # [R, kvh, D, G*T]
+    return out.transpose(2, 3).reshape(rows, heads, width, head_dim).to(dtype)
