@@ -1,5 +1,7 @@
 // y = x @ w.T for float32 rows x [rows, in] and a bfloat16 weight stored in blocks of 16 outputs,
-// w [out / 16, in, 16] (output o of block b is w[b, :, o % 16]), on a CPU with AVX2 and FMA.
+// w [out / 16, in, 16], on a CPU with AVX2 and FMA. Within a block the 16 values of an input are interleaved:
+// position 2j holds output j and 2j + 1 output 8 + j, so the 32-bit word j is (output j, output 8 + j) and one
+// 256-bit load widens to both halves with a shift (outputs 0-7) and a mask (outputs 8-15).
 //
 // Each output lane is one chain of fused multiply-adds over the inputs in order, whatever the number of
 // rows: a row's values do not depend on the rows computed beside it (batch invariant), and widening a
@@ -21,11 +23,16 @@ constexpr int64_t BLOCK = 16;   // outputs per block of the weight
 constexpr int64_t ROWS = 6;     // rows one pass keeps in registers
 constexpr int64_t KC = 256;     // inputs per slice of a block: 16 KB of float32, in the first-level cache
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+// The 16 weights of one input: outputs 0-7 in lo, 8-15 in hi.
+inline void load16(const float* p, __m256& lo, __m256& hi) {  // a widened slice: natural order
+  lo = _mm256_loadu_ps(p);
+  hi = _mm256_loadu_ps(p + 8);
+}
 
-inline __m256 load8(const uint16_t* p) {  // 8 bfloat16 -> 8 float32, exact
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+inline void load16(const uint16_t* p, __m256& lo, __m256& hi) {  // 16 interleaved bfloat16 -> float32, exact
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
 // y[r, 0:16] (+)= sum over i < k of x[i, r] * w[i, 0:16], for R rows; x holds ROWS values per input.
@@ -38,7 +45,8 @@ void pass(const float* x, int64_t k, const W* w, float* y, int64_t ldy, bool fir
     hi[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
   }
   for (int64_t i = 0; i < k; ++i) {
-    const __m256 w0 = load8(w + i * BLOCK), w1 = load8(w + i * BLOCK + 8);
+    __m256 w0, w1;
+    load16(w + i * BLOCK, w0, w1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + i * ROWS + r);
@@ -95,7 +103,12 @@ torch::Tensor blocked_linear(const torch::Tensor& x, const torch::Tensor& w) {
           rows_pass(rows, xp + k0 * ROWS, k, wb + k0 * BLOCK, yp + b * BLOCK, out, first);
           continue;
         }
-        for (int64_t j = 0; j < k * BLOCK; j += 8) _mm256_store_ps(slice + j, load8(wb + k0 * BLOCK + j));
+        for (int64_t j = 0; j < k * BLOCK; j += BLOCK) {
+          __m256 lo, hi;
+          load16(wb + k0 * BLOCK + j, lo, hi);
+          _mm256_store_ps(slice + j, lo);
+          _mm256_store_ps(slice + j + 8, hi);
+        }
         for (int64_t p = 0; p < passes; ++p) {
           const int64_t r = p * ROWS;
           rows_pass(std::min(ROWS, rows - r), xp + (p * in + k0) * ROWS, k, static_cast<const float*>(slice),

@@ -30,6 +30,9 @@ import torch
 
 BLOCK = 16
 """Outputs per block of a stored weight ``[out / BLOCK, in, BLOCK]``."""
+INTERLEAVE = torch.tensor([o for j in range(BLOCK // 2) for o in (j, BLOCK // 2 + j)])
+"""The outputs of a block in the order of its 16 values per input: ``0, 8, 1, 9, ..., 7, 15`` (the 32-bit word
+``j`` holds outputs ``j`` and ``8 + j``: the kernel widens a load with one shift and one mask)."""
 ENV = "SPECDEC_BF16_PRODUCT"
 """Set to ``0`` to keep float32 weights in float32 (oneDNN's packed product)."""
 SOURCE = Path(__file__).with_name("bf16_product.cpp")
@@ -87,9 +90,9 @@ def _build() -> object | None:
 
 
 def blocked(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` ``[out, in]`` stored as bfloat16 ``[out / BLOCK, in, BLOCK]`` (output ``o`` at
-    ``[o // BLOCK, :, o % BLOCK]``) where it is float32 on the CPU, ``out`` a multiple of :data:`BLOCK`, every
-    value a bfloat16, and :func:`available`; else None."""
+    """``weight`` ``[out, in]`` stored as bfloat16 ``[out / BLOCK, in, BLOCK]`` (output ``BLOCK * b + o`` at
+    ``[b, :, i]`` where ``INTERLEAVE[i] == o``: :data:`INTERLEAVE`, :func:`unblocked`) where it is float32 on the
+    CPU, ``out`` a multiple of :data:`BLOCK`, every value a bfloat16, and :func:`available`; else None."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return None
     out, width = weight.shape
@@ -102,7 +105,15 @@ def blocked(weight: torch.Tensor) -> torch.Tensor | None:
     values = weight.to(torch.bfloat16)
     if not torch.equal(values.float(), weight):
         return None
-    return values.view(out // BLOCK, BLOCK, width).transpose(1, 2).contiguous()
+    return values.view(out // BLOCK, BLOCK, width)[:, INTERLEAVE].transpose(1, 2).contiguous()
+
+
+def unblocked(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 ``[out, in]`` weight a :func:`blocked` one stores (exact)."""
+    blocks, width, _ = weight.shape
+    natural = torch.empty(blocks, BLOCK, width, dtype=torch.float32)
+    natural[:, INTERLEAVE] = weight.transpose(1, 2).float()
+    return natural.view(blocks * BLOCK, width)
 
 
 def is_blocked(weight: torch.Tensor) -> bool:
