@@ -101,6 +101,20 @@ def test_a_budget_holds_before_a_constrained_answer(think_model_dirs):
         assert out.outputs[0].text.partition("</think>")[2] in ("yes", "no"), out.outputs[0].text
 
 
+def test_a_budget_the_output_cannot_reach_is_no_budget(think_model_dirs):
+    """A budget of at least the output's length (``max_tokens``, 10^30: a number the grammar compiler cannot
+    parse as a repetition count) never binds: the output equals the one without a budget, with a free answer and a
+    constrained one."""
+    llm = LLM(think_model_dirs["target"], dtype="float64", max_num_seqs=4, reasoning_parser="deepseek_r1")
+    for constraint in (None, {"choice": ["yes", "no"]}):
+        free = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(
+            temperature=0, max_tokens=12, structured_outputs=constraint))]
+        for budget in (12, 10**30):
+            params = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=budget,
+                                    structured_outputs=constraint)
+            assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == free, (constraint, budget)
+
+
 def test_sampled_speculation_follows_the_target_under_the_budget(think_model_dirs):
     """Budget 1, the first two tokens: a thinking token then the forced </think>, or </think> then a free answer
     token; draft_model k=2 samples follow plain sampling under the budget's grammar (chi-square)."""

@@ -267,12 +267,17 @@ class LLM(metaclass=VLLMNames):
             prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
         return output_thinking(self.reasoning_parser, prompt)
 
-    def _grammar(self, params: SamplingParams, opens_inside: bool | None) -> tuple[GrammarState | None, float]:
+    def _grammar(self, params: SamplingParams, opens_inside: bool | None, max_new_tokens: int
+                 ) -> tuple[GrammarState | None, float]:
         """A new grammar state for ``params.structured_outputs`` (after the thinking unless ``opens_inside`` is None:
         :meth:`thinking`) and its ``thinking_token_budget`` (a free answer without a constraint; None with neither,
         or a budget for an output that does not think) and the seconds spent compiling it (reported to the first
-        request after its compilation, 0.0 for later ones), counted in the batch metrics."""
+        request after its compilation, 0.0 for later ones), counted in the batch metrics. A budget of at least
+        ``max_new_tokens`` (the most tokens the output can have) never binds: it is left out (a budget of 10^30 was
+        a repetition count the grammar compiler could not parse)."""
         budget = None if opens_inside is None else params.thinking_token_budget
+        if budget is not None and budget >= max_new_tokens:
+            budget = None
         if params.structured_outputs is None and budget is None:
             return None, 0.0
         with self._grammar_lock:
@@ -298,7 +303,7 @@ class LLM(metaclass=VLLMNames):
             )
             grammar = params.structured_outputs is not None or params.thinking_token_budget is not None
             thinking = self.thinking(text, prompt_ids) if grammar else None
-            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking)
+            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking, seq.max_new_tokens)
             seq.bad_words = self._bad_word_ids(params.bad_words)
             request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
