@@ -14,6 +14,7 @@ from test_responses import FLAT, FORCED, events, post
 from test_server import TEMPLATE, Served, draft_dir  # noqa: F401
 from test_tools import COMPACT, SPEC, hermes_app, make_llm
 
+from specdec.cli import build_parser
 from specdec.errors import SpecDecError
 from specdec.server import create_app
 from specdec.server.cli import _stored_responses
@@ -161,7 +162,7 @@ def test_the_store_drops_the_least_recently_used():
     assert missing.value.status == 404
 
 
-def test_a_server_that_stores_nothing(text_model_dirs, draft_dir):  # noqa: F811
+def test_a_server_that_stores_nothing(text_model_dirs, draft_dir, capsys):  # noqa: F811
     """``max_stored_responses=0``: responses say they are not stored, a continuation is a 400 that says why; a bad
     setting is refused when the app is made, and several replicas store nothing unless told, and cannot be told."""
     llm = make_llm(text_model_dirs, draft_dir, SPEC)
@@ -183,5 +184,10 @@ def test_a_server_that_stores_nothing(text_model_dirs, draft_dir):  # noqa: F811
 
     assert (flags(None), flags(5), flags(None, 1), flags(None, 2), flags(None, 1, 4), flags(0, 3)) == (
         DEFAULT_CAPACITY, 5, DEFAULT_CAPACITY, 0, 0, 0)
+    # the help names the default as a literal (importing the store would import torch): it must be the store's
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {DEFAULT_CAPACITY}, and none with more than one replica" in help_text
     with pytest.raises(SpecDecError, match="single replica"):
         flags(8, 2)
