@@ -28,8 +28,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecDecError
 from specdec.models import deterministic as det
+from specdec.models.base import ForwardBatch
 from specdec.models.cpu_linear import linear, pack
 from specdec.models.layers import attend
+from specdec.models.loader import load_causal_lm
 
 VOCAB = 256
 CONTEXT = 160
@@ -141,8 +143,6 @@ def _float32_llama(bfloat16_values: bool, root) -> str:
 def _row_logits(lm, tokens: list[int], feeds: list[list[tuple[int, int]]]) -> list[torch.Tensor]:
     """Row 0's logits from its 8th token on, its 12 tokens fed as ``feeds`` say (each a list of (row, count));
     row 1 feeds ``tokens[20:]`` beside it where a feed names it."""
-    from specdec.models.base import ForwardBatch
-
     cache, fed, out = lm.new_cache(2, 96), [0, 0], []
     for feed in feeds:
         rows = [tokens[20 * r + fed[r] : 20 * r + fed[r] + n] for r, n in feed]
@@ -158,8 +158,6 @@ def test_float32_logits_do_not_depend_on_the_forward(tmp_path, bfloat16_values):
     """In float32 a position's logits have the same bits fed one token at a time (plain decoding), as one of 5
     tokens fed together (a verification), and beside a row with a longer cache and more tokens (a batch). Not
     so with the mode off."""
-    from specdec.models.loader import load_causal_lm
-
     folder = _float32_llama(bfloat16_values, tmp_path / "model")
     tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
     differ = {}

@@ -101,12 +101,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     ``head_dim``), masked, the query's maximum subtracted (a maximum is exact in any order), then per block of
     :data:`KEY_BLOCK` keys at offsets ``0, 64, ...`` the products of the values (as rows: the stored values
     transposed, a view) and of a row of ones (the exponentials' sum) with the exponentials, and the blocks summed in
-    ascending order (a masked key adds an exact
-    zero, so keys past the query's last visible one change nothing). ``K`` not a multiple of the block is padded
-    (masked zeros). ``softcap``: scores become ``c * tanh(s / c)`` before the mask. Returns ``[R, heads, T,
-    head_dim]`` in ``q``'s dtype."""
+    ascending order (a masked key adds an exact zero, so keys past the query's last visible one change nothing).
+    ``K`` not a multiple of the block is padded (masked zeros). ``softcap``: scores become ``c * tanh(s / c)``
+    before the mask. Returns ``[R, heads, T, head_dim]`` in ``q``'s dtype."""
     rows, heads, width, head_dim = q.shape
-    kv_heads, key_len, dtype = keys.shape[1], keys.shape[2], q.dtype
+    kv_heads, key_len = keys.shape[1], keys.shape[2]
     padded = pad_keys(key_len)
     if mask is None:
         mask = torch.ones(rows, 1, width, key_len, dtype=torch.bool, device=q.device)
@@ -118,9 +117,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     queries = group * width
     columns = -(-queries // QUERY_TILE) * QUERY_TILE
     more = columns - queries
-    q = q.reshape(rows, kv_heads, queries, head_dim).float()
-    q = F.pad(q.transpose(2, 3), (0, more)).contiguous()  # [R, kvh, D, C]
-    scores = torch.matmul(keys.to(torch.float32, memory_format=torch.contiguous_format), q) * scale  # [R, kvh, K, C]
+    q_columns = F.pad(q.reshape(rows, kv_heads, queries, head_dim).float().transpose(2, 3), (0, more)).contiguous()
+    rows_of_keys = keys.to(torch.float32, memory_format=torch.contiguous_format)
+    scores = torch.matmul(rows_of_keys, q_columns) * scale  # [R, kvh, K, C]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     visible = mask[:, :, None].expand(rows, 1, group, width, padded).reshape(rows, 1, queries, padded)
@@ -135,4 +134,4 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     sums = torch.matmul(ones, weights)  # [R, kvh, blocks, 1, C]: a product too (a sum over the keys is not invariant)
     out = per_block.cumsum(dim=2)[:, :, -1] / sums.cumsum(dim=2)[:, :, -1]  # blocks in order: [R, kvh, D, C]
     out = out[..., :queries]  # [R, kvh, D, G*T]
-    return out.transpose(2, 3).reshape(rows, heads, width, head_dim).to(dtype)
+    return out.transpose(2, 3).reshape(rows, heads, width, head_dim).to(q.dtype)
