@@ -31,14 +31,15 @@ def bf16_valued(*shape: int, seed: int = 0) -> torch.Tensor:
     return (torch.randn(*shape, generator=generator) * 0.1).bfloat16().float()
 
 
-@pytest.mark.parametrize(("out", "width"), [(16, 1), (32, 7), (48, 300), (64, 513)])
+@pytest.mark.parametrize(("out", "width"), [(16, 1), (32, 7), (48, 300), (64, 513), (160, 40), (528, 260)])
 def test_products_are_float32_products_and_rows_are_independent(out, width):
     """Against float64: within float32's rounding of each sum (``width`` ulps of the sum of absolute products);
-    each row of 1..20 rows has the bits it has alone, with a bias and for ``[R, T, in]`` inputs too."""
+    each row of 1..20 rows has the bits it has alone, with a bias and for ``[R, T, in]`` inputs too. The shapes
+    of 10 and 33 blocks give the passes of 1-3 rows groups of blocks and blocks left over."""
     weight, bias = bf16_valued(out, width), torch.randn(out)
     stored = blocked(weight)
     assert stored is not None and is_blocked(stored) and stored.shape == (out // BLOCK, width, BLOCK)
-    for rows in (1, 2, 5, 6, 7, 13, 20):
+    for rows in (1, 2, 3, 5, 6, 7, 9, 13, 20):
         x = torch.randn(rows, width)
         y = linear(x, stored, bias)
         exact = x.double() @ weight.double().T + bias.double()
