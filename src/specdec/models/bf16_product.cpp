@@ -27,6 +27,7 @@ namespace {
 constexpr int64_t BLOCK = 16;   // outputs per block of the weight
 constexpr int64_t ROWS = 6;     // rows one pass keeps in registers
 constexpr int64_t KC = 256;     // inputs per slice of a block: 8 KB of bfloat16, in the first-level cache
+constexpr int64_t PREFETCH = 128;  // inputs ahead (4 KB) that a pass of one block prefetches its weights
 
 // The 16 weights of one input, interleaved bfloat16 widened to float32 (exact): outputs 0-7 in lo, 8-15 in hi.
 inline void load16(const uint16_t* p, __m256& lo, __m256& hi) {
@@ -52,6 +53,9 @@ void pass(const float* x, int64_t k, const uint16_t* w, int64_t ldw, float* y, i
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       __m256 w0, w1;
+      if constexpr (NB == 1) {  // 4-6 rows: the multiply-adds keep the core busy, so ask for the weights early
+        if ((i & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (i + PREFETCH) * BLOCK), _MM_HINT_T0);
+      }
       load16(w + j * ldw + i * BLOCK, w0, w1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
