@@ -267,16 +267,13 @@ class LLM(metaclass=VLLMNames):
             prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False) if self.tokenizer else ""
         return output_thinking(self.reasoning_parser, prompt)
 
-    def _grammar(self, params: SamplingParams, opens_inside: bool | None, max_new_tokens: int
+    def _grammar(self, params: SamplingParams, opens_inside: bool | None, budget: int | None
                  ) -> tuple[GrammarState | None, float]:
         """A new grammar state for ``params.structured_outputs`` (after the thinking unless ``opens_inside`` is None:
-        :meth:`thinking`) and its ``thinking_token_budget`` (a free answer without a constraint; None with neither,
-        or a budget for an output that does not think) and the seconds spent compiling it (reported to the first
-        request after its compilation, 0.0 for later ones), counted in the batch metrics. A budget of at least
-        ``max_new_tokens`` (the most tokens the output can have) never binds: it is left out (a budget of 10^30 was
-        a repetition count the grammar compiler could not parse)."""
-        budget = None if opens_inside is None else params.thinking_token_budget
-        if budget is not None and budget >= max_new_tokens:
+        :meth:`thinking`) and a thinking ``budget`` (a free answer without a constraint; None with neither, or a
+        budget for an output that does not think) and the seconds spent compiling it (reported to the first
+        request after its compilation, 0.0 for later ones), counted in the batch metrics."""
+        if opens_inside is None:
             budget = None
         if params.structured_outputs is None and budget is None:
             return None, 0.0
@@ -301,9 +298,14 @@ class LLM(metaclass=VLLMNames):
                 max_new_tokens=min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt_ids)),
                 stop_ids=frozenset(stop_ids),
             )
-            grammar = params.structured_outputs is not None or params.thinking_token_budget is not None
+            # a budget of at least the output's most tokens never binds: no budget (a budget of 10^30 was a
+            # repetition count the grammar compiler could not parse), and no decoding of the prompt for it
+            budget = params.thinking_token_budget
+            if budget is not None and budget >= seq.max_new_tokens:
+                budget = None
+            grammar = params.structured_outputs is not None or budget is not None
             thinking = self.thinking(text, prompt_ids) if grammar else None
-            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking, seq.max_new_tokens)
+            seq.grammar, seq.metrics.time_grammar_compile = self._grammar(params, thinking, budget)
             seq.bad_words = self._bad_word_ids(params.bad_words)
             request = Request(seq, text, TextTracker(self.tokenizer, params.stop_strings, streaming=streaming,
                                                        min_tokens=params.min_tokens,
