@@ -53,7 +53,8 @@ void pass(const float* x, int64_t k, const uint16_t* w, int64_t ldw, float* y, i
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       __m256 w0, w1;
-      if constexpr (NB == 1) {  // 4-6 rows: the multiply-adds keep the core busy, so ask for the weights early
+      if constexpr (NB == 1) {  // 4-6 rows (or blocks left over): the multiply-adds keep the core busy, so
+        // ask for the weights early
         if ((i & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (i + PREFETCH) * BLOCK), _MM_HINT_T0);
       }
       load16(w + j * ldw + i * BLOCK, w0, w1);
