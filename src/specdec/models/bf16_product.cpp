@@ -10,8 +10,10 @@
 // time, every pass going over the slice while it is in the first-level cache. Rows go in passes of at most 6
 // (6 x 16 accumulators in registers), the passes of near-equal size. A multiply-add's result is ready 4 cycles
 // after it starts and two can start each cycle, so a pass needs 8 or more independent chains to keep the
-// units busy: a pass of 1, 2 or 3 rows takes 4, 2 or 2 blocks at once (8, 8 and 12 chains), where one block
-// would leave a decoding step's single row bound by the latency of its 2 chains, not by memory.
+// units busy: a pass of 1 or 2 rows takes 4 or 2 blocks at once (8 chains each), where one block would leave a
+// decoding step's single row bound by the latency of its 2 chains, not by memory. A pass of 3 rows takes one
+// block (6 chains): two blocks' 12 accumulators, 4 weight registers and the rows' 3 broadcasts (shared by the
+// blocks) are 19 of AVX2's 16 registers, and the spills made 3 rows slower than 4.
 // Built and loaded by specdec/models/bf16_product.py.
 
 #include <torch/extension.h>
@@ -53,7 +55,7 @@ void pass(const float* x, int64_t k, const uint16_t* w, int64_t ldw, float* y, i
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       __m256 w0, w1;
-      if constexpr (NB == 1) {  // 4-6 rows (or blocks left over): the multiply-adds keep the core busy, so
+      if constexpr (NB == 1) {  // 3-6 rows (or blocks left over): the multiply-adds keep the core busy, so
         // ask for the weights early
         if ((i & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (i + PREFETCH) * BLOCK), _MM_HINT_T0);
       }
@@ -76,8 +78,9 @@ void pass(const float* x, int64_t k, const uint16_t* w, int64_t ldw, float* y, i
   }
 }
 
-// Blocks that one pass of `rows` rows takes together: 8 or more accumulator chains (2 x rows x blocks).
-inline int64_t blocks_per_pass(int64_t rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }
+// Blocks that one pass of `rows` rows takes together (2 x rows x blocks accumulator chains: 8 for 1 or 2 rows,
+// 6 to 12 for 3 to 6).
+inline int64_t blocks_per_pass(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 
 void rows_pass(int64_t rows, int64_t nb, const float* x, int64_t k, const uint16_t* w, int64_t ldw, float* y,
                int64_t ldy, bool first) {
@@ -93,8 +96,7 @@ void rows_pass(int64_t rows, int64_t nb, const float* x, int64_t k, const uint16
   }
   switch (rows) {
     case 1: pass<1, 4>(x, k, w, ldw, y, ldy, first); return;
-    case 2: pass<2, 2>(x, k, w, ldw, y, ldy, first); return;
-    default: pass<3, 2>(x, k, w, ldw, y, ldy, first); return;
+    default: pass<2, 2>(x, k, w, ldw, y, ldy, first); return;
   }
 }
 
