@@ -94,7 +94,7 @@ void rows_pass(int64_t rows, int64_t nb, const float* x, int64_t k, const uint16
       default: pass<6, 1>(x, k, w, ldw, y, ldy, first); return;
     }
   }
-  switch (rows) {
+  switch (rows) {  // only a pass of 1 or 2 rows takes several blocks (blocks_per_pass)
     case 1: pass<1, 4>(x, k, w, ldw, y, ldy, first); return;
     default: pass<2, 2>(x, k, w, ldw, y, ldy, first); return;
   }
