@@ -35,7 +35,7 @@ def bf16_valued(*shape: int, seed: int = 0) -> torch.Tensor:
 def test_products_are_float32_products_and_rows_are_independent(out, width):
     """Against float64: within float32's rounding of each sum (``width`` ulps of the sum of absolute products);
     each row of 1..20 rows has the bits it has alone, with a bias and for ``[R, T, in]`` inputs too. The shapes
-    of 10 and 33 blocks give the passes of 1-3 rows groups of blocks and blocks left over."""
+    of 10 and 33 blocks give the passes of 1 or 2 rows groups of blocks and blocks left over."""
     weight, bias = bf16_valued(out, width), torch.randn(out)
     stored = blocked(weight)
     assert stored is not None and is_blocked(stored) and stored.shape == (out // BLOCK, width, BLOCK)
