@@ -5,10 +5,11 @@ step's time, on every drafting step.
 Terms. A row's ``backlog`` (:meth:`specdec.drafters.base.Drafter.backlog`) is the positions its drafter feeds its
 own model before its first draft: a draft model's slot falls behind by every token emitted while the row does not
 draft (and is fed the prompt at the row's first draft), an EAGLE layer buffers every target feature, the prompt's
-included. A row *drafting* drafted on its previous step: its backlog is what that step committed (the pending
-token and the accepted drafts), the steady feed that a drafting step's measured time includes. The others
-*join*: their catch-up is a cost of switching, paid once, that auto k leaves out of a step's price
-(:mod:`specdec.adaptive`).
+included, and back from a pause feeds the last ``catch_up_window`` of them
+(:class:`~specdec.drafters.heads.eagle.EagleDrafter`). A row *drafting* drafted on its previous step: its backlog
+is what that step committed (the pending token and the accepted drafts), the steady feed that a drafting step's
+measured time includes. The others *join*: their catch-up is a cost of switching, paid once, that auto k leaves
+out of a step's price (:mod:`specdec.adaptive`).
 
 The rule. The rows drafting keep their drafts. Of the rows joining, the least behind joins always (ties: the
 earlier row), and the next least behind as long as the joining rows' backlogs add up to at most

@@ -30,6 +30,9 @@ from specdec.sampling import SamplingBatch
 from specdec.sequence import Sequence
 from specdec.tree import DynamicTree, ancestor_mask, depths, expand, prune
 
+CATCH_UP_WINDOW = 16
+"""The most buffered pairs a row back from a pause feeds the layer (the pairs before them are left out)."""
+
 
 def tree_levels(budget: int, width: int) -> int:
     """How many levels an EAGLE-2 tree of ``budget`` nodes grows with ``width`` children per node and
@@ -93,6 +96,12 @@ class EagleDrafter(HeadDrafter):
     ending in the pending token); the layer's output there predicts the feature of the pending
     position, whose logits under the target's head give ``d_1``; each further draft feeds
     ``(predicted feature, d_i)``. Afterwards the pool is set back to the target-feature pairs.
+    A row back from a pause (it sat out a step since its last feed, and has buffered more than
+    ``catch_up_window`` features) feeds only its last ``catch_up_window`` pairs: the pairs before them
+    are left out (``skipped``) and the pool's entries stop following the context's positions (the
+    layer's rotary positions are entry indices, so the kept pairs sit at their true distance from one
+    another, next to the context before the pause). A probe after a long pause then costs what a
+    drafting step costs, not a forward over every position the row sat out. Drafts only, so exact.
     Sampled rows draw from the layer's distribution ``q`` (returned for exact verification).
 
     With ``num_candidates = r > 1`` a row proposes an EAGLE-2 dynamic tree of at most ``k`` nodes
@@ -110,6 +119,7 @@ class EagleDrafter(HeadDrafter):
     ``f_j`` is their fusion by the layer's ``fuse``; drafting past the first token is unchanged."""
 
     method = "eagle"
+    catch_up_window = CATCH_UP_WINDOW
     tree_drafts = True
     fuses_features = True
     description = ("EAGLE: one-layer feature drafter on the target's hidden states (trained folder, embedded "
@@ -122,6 +132,7 @@ class EagleDrafter(HeadDrafter):
         pool caches prefixes with ``prefix_caching``, see :class:`PairKeys`); ``embed``: the layer's own token
         embedding ``[V, H]`` (None: the target's)."""
         super().__init__(target, spec, module)
+        self.skipped: dict[str, int] = {}  # per request fed its prompt: the pairs left out of its pool since
         self.hidden_layers = tuple(spec.feature_layers) or (-1,)  # EAGLE-3: the fused layers
         if embed is not None:
             self.embed = embed
@@ -167,15 +178,22 @@ class EagleDrafter(HeadDrafter):
         (handed over for the whole context) are then not fed again."""
         for s in seqs:
             self.cache.release(s.slot)
+            self.skipped.pop(s.request_id, None)
             cached = self.cache.match_prefix(s.slot, PairKeys(s.token_ids, self.target.vocab_size))
             if cached:
                 parts = self.features[s.request_id]
                 self.features[s.request_id] = [(parts[0] if len(parts) == 1 else torch.cat(parts))[cached:]]
 
     def backlog(self, seqs: list[Sequence]) -> list[int]:
-        """The target features each row has buffered: the pairs its next ``propose`` feeds the layer (the
-        whole prompt's on its first)."""
-        return [sum(part.shape[0] for part in self.features.get(s.request_id, ())) for s in seqs]
+        """The pairs each row's next ``propose`` feeds the layer: its buffered target features (the whole
+        prompt's on its first), at most ``catch_up_window`` of them once the pool holds the row's context."""
+        return [min(sum(part.shape[0] for part in self.features.get(s.request_id, ())), self._kept(s)) for s in seqs]
+
+    def _kept(self, seq: Sequence) -> int | float:
+        """The most buffered pairs the row's next feed keeps: ``catch_up_window`` for a row fed before that sat
+        out a step since (its features came in several parts, one a step), else all (``inf``)."""
+        paused = seq.request_id in self.skipped and len(self.features.get(seq.request_id, ())) > 1
+        return self.catch_up_window if paused else float("inf")
 
     def _commit(self, seqs: list[Sequence], committed: dict[int, int]) -> None:
         """Set the pool back to the target-feature pairs (``committed``: slot -> entries) and register their
@@ -183,12 +201,13 @@ class EagleDrafter(HeadDrafter):
         by_slot = {s.slot: s for s in seqs}
         for slot, length in committed.items():
             self.cache.set_length(slot, length)
-            if self.cache.caches_prefixes:
+            if self.cache.caches_prefixes and not self.skipped[by_slot[slot].request_id]:
                 self.cache.commit_prefix(slot, PairKeys(by_slot[slot].token_ids, self.target.vocab_size))
 
     def release(self, seq: Sequence) -> None:
         super().release(seq)
         self.cache.release(seq.slot)
+        self.skipped.pop(seq.request_id, None)
 
     def _forward(self, batch: ForwardBatch) -> ForwardOutput:
         """The layer's forward over its pool, logits ``[M, V]`` (scored with the draft vocabulary, if any)."""
@@ -208,13 +227,19 @@ class EagleDrafter(HeadDrafter):
         #    the step out keeps its features for its next draft: a probe catches up only the rows it drafts).
         fed, features, pair_tokens, positions, cu = [], [], [], [], [0]
         for b, s in enumerate(seqs):
+            keep = self._kept(s)
             new = self.take_features(s) if ks[b] > 0 else None
             if new is None:
                 continue
-            start = cache.lengths[s.slot]
+            start, skipped = cache.lengths[s.slot], self.skipped.get(s.request_id, 0)
+            if new.shape[0] > keep:  # back from a pause: its last pairs only
+                skipped += new.shape[0] - keep
+                new = new[-keep:]
+            self.skipped[s.request_id] = skipped
             fed.append(b)
             features.append(new)
-            pair_tokens.extend(s.token_ids[start + 1 : start + 1 + new.shape[0]])
+            first = start + skipped + 1  # the position of the first pair's token
+            pair_tokens.extend(s.token_ids[first : first + new.shape[0]])
             positions.extend(range(start, start + new.shape[0]))
             cu.append(cu[-1] + new.shape[0])
         ks = [k if b in fed else 0 for b, k in enumerate(ks)]
