@@ -132,7 +132,7 @@ class EagleDrafter(HeadDrafter):
         pool caches prefixes with ``prefix_caching``, see :class:`PairKeys`); ``embed``: the layer's own token
         embedding ``[V, H]`` (None: the target's)."""
         super().__init__(target, spec, module)
-        self.skipped: dict[str, int] = {}  # per request fed its prompt: the pairs left out of its pool since
+        self.skipped: dict[str, int] = {}  # per request whose prompt was fed: pairs left out after pauses (0: none)
         self.hidden_layers = tuple(spec.feature_layers) or (-1,)  # EAGLE-3: the fused layers
         if embed is not None:
             self.embed = embed
@@ -186,7 +186,7 @@ class EagleDrafter(HeadDrafter):
 
     def backlog(self, seqs: list[Sequence]) -> list[int]:
         """The pairs each row's next ``propose`` feeds the layer: its buffered target features (the whole
-        prompt's on its first), at most ``catch_up_window`` of them once the pool holds the row's context."""
+        prompt's on its first), at most ``catch_up_window`` of them for a row back from a pause (:meth:`_kept`)."""
         return [min(sum(part.shape[0] for part in self.features.get(s.request_id, ())), self._kept(s)) for s in seqs]
 
     def _kept(self, seq: Sequence) -> int | float:
